@@ -1,0 +1,192 @@
+"""The ordered layer graph of a decoder-only transformer: embedding, decoder layers, MTP modules,
+final norm + output head + loss. Every later stage (cost model, partitioner, exporters) reads
+these frozen records; nothing recomputes architecture arithmetic elsewhere.
+
+Conventions
+- FLOPs: 2 per multiply-accumulate. "Per token" means per token of one sequence of the batch.
+- Attention core FLOPs (QK^T and AV) are quadratic in sequence length s. A layer stores the
+  non-causal coefficient; `attention_flops_per_token(s, causal=True)` halves it, because a causal
+  (flash) kernel skips the masked upper triangle. Megatron's published TFLOP/s count non-causal.
+- Activation bytes are the tensors a layer saves for its backward pass, per token, at 16-bit
+  (bf16/fp16) unless the tensor is fp32 (softmax statistics, logits for the loss) or a 1-byte
+  dropout mask. For a GPT layer with unfused attention and dropout they sum to Korthikanti et al.
+  2022 ("Reducing Activation Recomputation in Large Transformer Models", Eq. 1): 34·h + 5·a·s.
+- `split` names the parallel axis that divides a tensor or weight on one GPU:
+    "tp"   tensor parallel (column/row-parallel weights, per-head activations),
+    "sp"   divided by tp only when sequence parallelism is on (norms, dropout, residuals),
+    "none" replicated on every TP rank,
+    "etp"  expert tensor parallel (inside one expert),
+  and every activation is further divided by cp (the sequence is split). EP does not divide
+  per-GPU expert activations: each rank processes about local_tokens·top_k routed tokens.
+- `module` on an activation is the Megatron recompute unit that drops it under selective
+  recompute (--recompute-modules: core_attn, layernorm, mlp, moe, moe_act, shared_experts,
+  mla_up_proj); "layer_input" is what full recompute keeps; "kept" is never dropped by a
+  selective module.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from functools import cached_property
+
+from autopar.schema.model import ModelSpec
+
+BYTES_16BIT = 2
+BYTES_FP32 = 4
+BYTES_MASK = 1
+
+
+@dataclass(frozen=True, slots=True)
+class Gemm:
+    """One weight matmul y = x·W with W of shape (k, n) (full, before any split).
+
+    split: "col" (n split by tp), "row" (k split by tp), "vocab" (n split by tp, vocab-parallel),
+    "none" (replicated), "expert_col"/"expert_row" (one per expert, split by etp).
+    tokens_per_token: rows of x per layer input token (top_k for routed experts, in total over
+    all experts; 1 otherwise). tied: the weight is stored in another layer (tied embeddings,
+    MTP's shared head), so it holds no parameters here.
+    """
+
+    name: str
+    n: int
+    k: int
+    split: str
+    bias: bool = False
+    num_experts: int = 1
+    tokens_per_token: float = 1.0
+    tied: bool = False
+
+    @property
+    def params(self) -> int:
+        if self.tied:
+            return 0
+        return self.num_experts * (self.n * self.k + (self.n if self.bias else 0))
+
+    @property
+    def flops_per_token(self) -> float:
+        return 2.0 * self.n * self.k * self.tokens_per_token
+
+    @property
+    def is_expert(self) -> bool:
+        return self.split.startswith("expert")
+
+
+@dataclass(frozen=True, slots=True)
+class Activation:
+    """A tensor saved for backward: bytes per token = bytes_per_token + bytes_per_token_per_seq·s."""
+
+    name: str
+    module: str
+    split: str
+    bytes_per_token: float
+    bytes_per_token_per_seq: float = 0.0
+
+
+@dataclass(frozen=True, slots=True)
+class Layer:
+    """One node of the layer graph. kind: embedding | dense | moe | mtp | head."""
+
+    index: int
+    kind: str
+    name: str
+    gemms: tuple[Gemm, ...]
+    other_params_tp: int
+    other_params_replicated: int
+    activations: tuple[Activation, ...]
+    attn_flops_per_token_per_seq: float = 0.0
+    elementwise_flops_per_token: float = 0.0
+    elementwise_bytes_per_token_tp: float = 0.0
+    elementwise_bytes_per_token_sp: float = 0.0
+    num_heads: int = 0
+    num_kv_heads: int = 0
+    head_dim_qk: int = 0
+    head_dim_v: int = 0
+    top_k: int = 0
+    num_experts: int = 0
+
+    @property
+    def params(self) -> int:
+        return sum(g.params for g in self.gemms) + self.other_params_tp + self.other_params_replicated
+
+    @property
+    def params_expert(self) -> int:
+        """Routed-expert weights: divided by ep·etp on one GPU."""
+        return sum(g.params for g in self.gemms if g.is_expert)
+
+    @property
+    def params_tp(self) -> int:
+        """Weights divided by tp: column/row/vocab-parallel matrices and column-parallel biases."""
+        total = self.other_params_tp
+        for g in self.gemms:
+            if g.tied or g.split not in ("col", "row", "vocab"):
+                continue
+            total += g.n * g.k + (g.n if g.bias and g.split != "row" else 0)
+        return total
+
+    @property
+    def params_replicated(self) -> int:
+        """Weights every TP rank holds whole: norms, routers, low-rank down-projections, row biases."""
+        return self.params - self.params_expert - self.params_tp
+
+    @property
+    def active_params(self) -> int:
+        """Parameters touched by one token: routed experts count top_k of num_experts."""
+        if not self.num_experts:
+            return self.params
+        return self.params - self.params_expert + self.params_expert * self.top_k // self.num_experts
+
+    @property
+    def matmul_flops_per_token(self) -> float:
+        return sum(g.flops_per_token for g in self.gemms)
+
+    def attention_flops_per_token(self, seq_len: int, causal: bool = True) -> float:
+        """QK^T + AV FLOPs per token; causal counts the lower triangle only (half)."""
+        full = self.attn_flops_per_token_per_seq * seq_len
+        return full / 2 if causal else full
+
+    def forward_flops_per_token(self, seq_len: int, causal: bool = True) -> float:
+        return (
+            self.matmul_flops_per_token
+            + self.attention_flops_per_token(seq_len, causal)
+            + self.elementwise_flops_per_token
+        )
+
+    def activation_bytes_per_token(self, seq_len: int) -> dict[str, float]:
+        """Saved bytes per token by tensor, unsplit (tp = sp = cp = 1), no recompute."""
+        return {a.name: a.bytes_per_token + a.bytes_per_token_per_seq * seq_len for a in self.activations}
+
+
+@dataclass(frozen=True)
+class ModelGraph:
+    """A model's ordered layers plus its spec. Layers: embedding, decoders, mtp..., head."""
+
+    spec: ModelSpec
+    layers: tuple[Layer, ...]
+
+    @cached_property
+    def total_params(self) -> int:
+        return sum(layer.params for layer in self.layers)
+
+    @cached_property
+    def active_params(self) -> int:
+        return sum(layer.active_params for layer in self.layers)
+
+    @property
+    def decoder_layers(self) -> tuple[Layer, ...]:
+        return tuple(layer for layer in self.layers if layer.kind in ("dense", "moe"))
+
+    def params_by_kind(self) -> dict[str, int]:
+        kind_to_params: dict[str, int] = {}
+        for layer in self.layers:
+            kind_to_params[layer.kind] = kind_to_params.get(layer.kind, 0) + layer.params
+        return kind_to_params
+
+    def flops_per_token(self, seq_len: int, causal: bool = True) -> float:
+        """Training FLOPs per token = 3 × forward (backward is twice the forward), no recompute."""
+        return 3.0 * sum(layer.forward_flops_per_token(seq_len, causal) for layer in self.layers)
+
+    def model_flops_per_token(self, seq_len: int, causal: bool = True) -> float:
+        """6·N_active (matmul weights only, embedding lookups excluded) + attention, as MFU counts it."""
+        matmul = sum(layer.matmul_flops_per_token for layer in self.layers)
+        attn = sum(layer.attention_flops_per_token(seq_len, causal) for layer in self.layers)
+        return 3.0 * (matmul + attn)

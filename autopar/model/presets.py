@@ -1,0 +1,82 @@
+"""Named architectures. Each names the paper table or config.json its numbers come from."""
+
+from __future__ import annotations
+
+from autopar.schema.model import MLASpec, ModelSpec, MoESpec
+
+_SC21 = "Narayanan et al. SC'21 Table 1 (V=51200, s=2048, 4h FFN)"
+
+
+def _megatron_gpt(name: str, layers: int, hidden: int, heads: int, source: str = _SC21) -> ModelSpec:
+    """Megatron GPT: GeLU 4h FFN, LayerNorm, learned positions, tied embeddings, biases, dropout."""
+    return ModelSpec(
+        name=name, source=source, num_layers=layers, hidden_size=hidden, num_attention_heads=heads,
+        ffn_hidden_size=4 * hidden, vocab_size=51200, seq_length=2048, activation="gelu",
+        normalization="layernorm", position_embedding="learned", tie_embeddings=True, qkv_bias=True,
+        attn_out_bias=True, mlp_bias=True, dropout=True,
+    )
+
+
+def _llama(name: str, source: str, layers: int, hidden: int, heads: int, kv: int, ffn: int,
+           vocab: int = 128256, seq: int = 8192) -> ModelSpec:
+    return ModelSpec(
+        name=name, source=source, num_layers=layers, hidden_size=hidden, num_attention_heads=heads,
+        num_kv_heads=kv, ffn_hidden_size=ffn, vocab_size=vocab, seq_length=seq,
+    )
+
+
+def _mixtral(name: str, source: str, layers: int, hidden: int, heads: int, ffn: int, vocab: int) -> ModelSpec:
+    return ModelSpec(
+        name=name, source=source, num_layers=layers, hidden_size=hidden, num_attention_heads=heads,
+        num_kv_heads=8, ffn_hidden_size=ffn, vocab_size=vocab, seq_length=4096,
+        moe=MoESpec(num_experts=8, top_k=2, expert_ffn_hidden_size=ffn),
+    )
+
+
+def _qwen3_moe(name: str, source: str, layers: int, hidden: int, heads: int, ffn: int, expert_ffn: int) -> ModelSpec:
+    return ModelSpec(
+        name=name, source=source, num_layers=layers, hidden_size=hidden, num_attention_heads=heads,
+        num_kv_heads=4, head_dim=128, ffn_hidden_size=ffn, vocab_size=151936, seq_length=4096, qk_norm=True,
+        moe=MoESpec(num_experts=128, top_k=8, expert_ffn_hidden_size=expert_ffn),
+    )
+
+
+def _deepseek_v3() -> ModelSpec:
+    return ModelSpec(
+        name="deepseek-v3", source="deepseek-ai/DeepSeek-V3 config.json; DeepSeek-V3 report (arXiv 2412.19437)",
+        num_layers=61, hidden_size=7168, num_attention_heads=128, ffn_hidden_size=18432,
+        vocab_size=129280, seq_length=4096, mtp_layers=1,
+        mla=MLASpec(q_lora_rank=1536, kv_lora_rank=512, qk_nope_head_dim=128, qk_rope_head_dim=64, v_head_dim=128),
+        moe=MoESpec(num_experts=256, top_k=8, expert_ffn_hidden_size=2048, num_shared_experts=1,
+                    shared_expert_ffn_hidden_size=2048, first_k_dense=3),
+    )
+
+
+_BUILDERS = {
+    "gpt3-175b": lambda: _megatron_gpt("gpt3-175b", 96, 12288, 96, "Brown et al. 2020 Table 2.1; Megatron GPT conventions"),
+    "gpt-1.7b": lambda: _megatron_gpt("gpt-1.7b", 24, 2304, 24),
+    "gpt-3.6b": lambda: _megatron_gpt("gpt-3.6b", 30, 3072, 32),
+    "gpt-7.5b": lambda: _megatron_gpt("gpt-7.5b", 36, 4096, 32),
+    "gpt-18b": lambda: _megatron_gpt("gpt-18b", 40, 6144, 48),
+    "gpt-39b": lambda: _megatron_gpt("gpt-39b", 48, 8192, 64),
+    "gpt-76b": lambda: _megatron_gpt("gpt-76b", 60, 10240, 80),
+    "gpt-145b": lambda: _megatron_gpt("gpt-145b", 80, 12288, 96),
+    "gpt-310b": lambda: _megatron_gpt("gpt-310b", 96, 16384, 128),
+    "gpt-530b": lambda: _megatron_gpt("gpt-530b", 105, 20480, 128),
+    "gpt-1t": lambda: _megatron_gpt("gpt-1t", 128, 25600, 160),
+    "llama3-8b": lambda: _llama("llama3-8b", "meta-llama/Meta-Llama-3-8B config.json", 32, 4096, 32, 8, 14336),
+    "llama3-70b": lambda: _llama("llama3-70b", "meta-llama/Meta-Llama-3-70B config.json", 80, 8192, 64, 8, 28672),
+    "llama3.1-405b": lambda: _llama("llama3.1-405b", "meta-llama/Llama-3.1-405B config.json", 126, 16384, 128, 8, 53248),
+    "mixtral-8x7b": lambda: _mixtral("mixtral-8x7b", "mistralai/Mixtral-8x7B-v0.1 config.json", 32, 4096, 32, 14336, 32000),
+    "mixtral-8x22b": lambda: _mixtral("mixtral-8x22b", "mistralai/Mixtral-8x22B-v0.3 config.json (vocab 32768)", 56, 6144, 48, 16384, 32768),
+    "qwen3-30b-a3b": lambda: _qwen3_moe("qwen3-30b-a3b", "Qwen/Qwen3-30B-A3B config.json", 48, 2048, 32, 6144, 768),
+    "qwen3-235b-a22b": lambda: _qwen3_moe("qwen3-235b-a22b", "Qwen/Qwen3-235B-A22B config.json", 94, 4096, 64, 12288, 1536),
+    "deepseek-v3": _deepseek_v3,
+}
+
+PRESET_NAMES: tuple[str, ...] = tuple(_BUILDERS)
+
+
+def preset(name: str) -> ModelSpec:
+    """The ModelSpec of a preset; KeyError if the name is unknown (load_model turns it into advice)."""
+    return _BUILDERS[name]()

@@ -1,0 +1,110 @@
+"""Boundary model of a decoder-only transformer: what a preset, a Hugging Face config.json or a
+YAML layer-graph file says about the architecture. The layer graph (autopar.model.graph) is built
+from it; nothing downstream reads a config file.
+
+A YAML file (see examples/custom-decoder.yaml) holds exactly these fields; unknown keys are errors.
+"""
+
+from __future__ import annotations
+
+from typing import Literal
+
+from pydantic import BaseModel, ConfigDict, Field, model_validator
+
+_FROZEN = ConfigDict(frozen=True, extra="forbid")
+
+
+class MLASpec(BaseModel):
+    """Multi-head latent attention (DeepSeek-V2/V3): low-rank q and joint low-rank kv."""
+
+    model_config = _FROZEN
+
+    q_lora_rank: int | None = Field(None, ge=1, description="Rank of the q down-projection; None = full-rank q.")
+    kv_lora_rank: int = Field(..., ge=1, description="Rank of the joint kv down-projection.")
+    qk_nope_head_dim: int = Field(..., ge=1, description="Per-head q/k dim without rotary embedding.")
+    qk_rope_head_dim: int = Field(..., ge=1, description="Per-head q/k dim with rotary (k part shared across heads).")
+    v_head_dim: int = Field(..., ge=1, description="Per-head value dim.")
+
+
+class MoESpec(BaseModel):
+    """Mixture-of-experts FFN, as Megatron (--num-experts ...) and HF configs describe it."""
+
+    model_config = _FROZEN
+
+    num_experts: int = Field(..., ge=1, description="Routed experts per MoE layer.")
+    top_k: int = Field(..., ge=1, description="Experts each token is routed to.")
+    expert_ffn_hidden_size: int = Field(..., ge=1, description="Intermediate size of one routed expert.")
+    num_shared_experts: int = Field(0, ge=0, description="Always-active shared experts (DeepSeek).")
+    shared_expert_ffn_hidden_size: int = Field(0, ge=0, description="Intermediate size of one shared expert.")
+    first_k_dense: int = Field(0, ge=0, description="Leading decoder layers with a dense FFN (DeepSeek first_k_dense_replace).")
+    layer_freq: int = Field(1, ge=1, description="Every layer_freq-th layer (after first_k_dense) is MoE; 1 = all.")
+    shared_expert_gate: bool = Field(False, description="A sigmoid gate (h -> 1) on the shared expert (Qwen2-MoE).")
+
+    @model_validator(mode="after")
+    def _check(self) -> "MoESpec":
+        if self.top_k > self.num_experts:
+            raise ValueError(f"moe.top_k ({self.top_k}) exceeds moe.num_experts ({self.num_experts}); lower top_k")
+        if self.num_shared_experts and not self.shared_expert_ffn_hidden_size:
+            raise ValueError("moe.num_shared_experts > 0 needs moe.shared_expert_ffn_hidden_size")
+        return self
+
+
+class ModelSpec(BaseModel):
+    """A decoder-only transformer. Sizes are counts; bytes and FLOPs are derived in the graph."""
+
+    model_config = _FROZEN
+
+    name: str = Field(..., min_length=1, description="Model name used in tables and exports.")
+    source: str = Field("", description="Where the architecture numbers come from (paper, config.json).")
+    num_layers: int = Field(..., ge=1, description="Decoder layers (without MTP layers).")
+    hidden_size: int = Field(..., ge=1, description="Model width h.")
+    num_attention_heads: int = Field(..., ge=1, description="Query heads a.")
+    num_kv_heads: int | None = Field(None, ge=1, description="Key/value heads (GQA/MQA); None = num_attention_heads.")
+    head_dim: int | None = Field(None, ge=1, description="Per-head dim; None = hidden_size / num_attention_heads.")
+    ffn_hidden_size: int = Field(..., ge=1, description="Dense FFN intermediate size.")
+    vocab_size: int = Field(..., ge=1, description="Vocabulary size as stored in the embedding table.")
+    seq_length: int = Field(2048, ge=1, description="Default training sequence length.")
+    max_position_embeddings: int | None = Field(None, ge=1, description="Learned position table size; None = seq_length.")
+    activation: Literal["gelu", "swiglu"] = Field("swiglu", description="FFN activation: GeLU (2 matrices) or SwiGLU (3).")
+    normalization: Literal["layernorm", "rmsnorm"] = Field("rmsnorm", description="LayerNorm has a bias, RMSNorm not.")
+    position_embedding: Literal["learned", "rope"] = Field("rope", description="Learned absolute table or rotary.")
+    tie_embeddings: bool = Field(False, description="Output head shares the input embedding matrix.")
+    qkv_bias: bool = Field(False, description="Bias on the q, k, v projections.")
+    attn_out_bias: bool = Field(False, description="Bias on the attention output projection.")
+    mlp_bias: bool = Field(False, description="Biases on the FFN projections.")
+    qk_norm: bool = Field(False, description="Per-head RMSNorm on q and k (Qwen3).")
+    dropout: bool = Field(False, description="Attention/hidden dropout active in training (saves masks).")
+    mla: MLASpec | None = Field(None, description="Multi-head latent attention; None = standard attention.")
+    moe: MoESpec | None = Field(None, description="Mixture of experts; None = dense FFN everywhere.")
+    mtp_layers: int = Field(0, ge=0, description="Multi-token-prediction modules (DeepSeek-V3: 1).")
+
+    @model_validator(mode="after")
+    def _check_shapes(self) -> "ModelSpec":
+        a, kv = self.num_attention_heads, self.kv_heads
+        if self.head_dim is None and self.mla is None and self.hidden_size % a:
+            raise ValueError(
+                f"hidden_size ({self.hidden_size}) is not divisible by num_attention_heads ({a}); "
+                "set head_dim explicitly or pick a dividing head count"
+            )
+        if a % kv:
+            raise ValueError(
+                f"num_attention_heads ({a}) is not divisible by num_kv_heads ({kv}); "
+                "use a kv head count that divides the query heads"
+            )
+        if self.moe and self.moe.first_k_dense > self.num_layers:
+            raise ValueError(f"moe.first_k_dense ({self.moe.first_k_dense}) exceeds num_layers ({self.num_layers})")
+        return self
+
+    @property
+    def kv_heads(self) -> int:
+        return self.num_kv_heads or self.num_attention_heads
+
+    @property
+    def head_size(self) -> int:
+        return self.head_dim or self.hidden_size // self.num_attention_heads
+
+    def is_moe_layer(self, index: int) -> bool:
+        """Whether decoder layer `index` (0-based) has an MoE FFN."""
+        if self.moe is None or index < self.moe.first_k_dense:
+            return False
+        return (index - self.moe.first_k_dense) % self.moe.layer_freq == 0
