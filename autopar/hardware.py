@@ -1,0 +1,233 @@
+"""Cluster profiles at run time: load a YAML profile, size it to a GPU count, convert to base units.
+
+`load_profile` reads and validates a file (shipped name or path); `load_cluster` turns it into a
+`Cluster` in bytes, bytes/s, FLOP/s and seconds, the only form the cost model reads. Every
+failure is a one-line domain error naming the fix; no pydantic or YAML exception escapes.
+"""
+
+from __future__ import annotations
+
+import difflib
+import operator
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+import yaml
+from pydantic import BaseModel, ValidationError
+
+from autopar.data import data_dir
+from autopar.errors import InputFileError, SchemaError, UnknownClusterError
+from autopar.schema.hardware import ClusterProfile
+from autopar.units import GB, GBIT, GiB, TFLOPS, US
+
+_PROFILE_DIR_NAME = "hardware_profiles"
+_YAML_SUFFIXES = (".yaml", ".yml")
+_FIX_BY_FIELD = {"sources": "list the datasheet, user guide or paper each number comes from"}
+
+
+@dataclass(frozen=True, slots=True)
+class Cluster:
+    """A sized cluster in base units (bytes, bytes/s, FLOP/s, s); the cost model's only view of hardware.
+
+    `gpus_per_node` is the server's NVLink domain size from the profile. Whole nodes are used, so
+    num_gpus == num_nodes * gpus_per_node, except for a single partial node (num_nodes == 1 and
+    num_gpus < gpus_per_node); `gpus_in_node` gives the GPUs actually used per node.
+    """
+
+    name: str
+    gpu_name: str
+    num_gpus: int
+    num_nodes: int
+    gpus_per_node: int
+    peak_flops_by_dtype: dict[str, float] = field(hash=False)  # "bf16", "fp16", "tf32", "fp8" where supported
+    hbm_bytes: float
+    hbm_bytes_per_s: float
+    intra_node_bytes_per_s: float  # NVLink, per GPU per direction
+    intra_node_latency_s: float
+    nics_per_node: int
+    nic_bytes_per_s: float  # one NIC
+    inter_node_latency_s: float
+    oversubscription: float  # 1 = non-blocking
+    topology: str
+
+    def peak_flops(self, dtype: str) -> float:
+        """Dense peak FLOP/s of one GPU in `dtype`; SchemaError naming the supported dtypes if absent."""
+        try:
+            return self.peak_flops_by_dtype[dtype]
+        except KeyError:
+            supported = ", ".join(sorted(self.peak_flops_by_dtype))
+            raise SchemaError(
+                f"{self.gpu_name} ({self.name}) has no {dtype!r} peak; use one of {supported}"
+            ) from None
+
+    @property
+    def inter_node_bytes_per_s_per_gpu(self) -> float:
+        """Scale-out bandwidth one GPU gets when all GPUs of a node send at once, after oversubscription."""
+        return self.nics_per_node * self.nic_bytes_per_s / self.gpus_per_node / self.oversubscription
+
+    @property
+    def gpus_in_node(self) -> int:
+        """GPUs this cluster uses in each node: gpus_per_node, or fewer for one partial node."""
+        return min(self.num_gpus, self.gpus_per_node)
+
+
+def list_clusters() -> list[str]:
+    """Names of the shipped cluster profiles, sorted (the file stems in hardware_profiles/)."""
+    folder = data_dir(_PROFILE_DIR_NAME)
+    return sorted(p.stem for p in folder.iterdir() if p.suffix in _YAML_SUFFIXES and p.is_file())
+
+
+def load_profile(name_or_path: str) -> ClusterProfile:
+    """Read and validate a cluster profile: a shipped name (see list_clusters) or a path to a YAML file."""
+    path = _resolve(name_or_path)
+    return _validate(_read_yaml(path), path)
+
+
+def load_cluster(name_or_path: str, gpus: int | None = None) -> Cluster:
+    """Load a profile and size it to `gpus` GPUs (None = one full node), in base units."""
+    profile = load_profile(name_or_path)
+    num_gpus, num_nodes = _size(profile, profile.node.gpus_per_node if gpus is None else gpus)
+    return cluster_from_profile(profile, num_gpus, num_nodes)
+
+
+def cluster_from_profile(profile: ClusterProfile, num_gpus: int, num_nodes: int) -> Cluster:
+    """Convert a validated profile to base units; the only place file units become bytes and seconds."""
+    gpu, node, net = profile.gpu, profile.node, profile.network
+    peaks = {dtype: tflops * TFLOPS for dtype, tflops in gpu.peak_tflops.model_dump().items() if tflops is not None}
+    return Cluster(
+        name=profile.name,
+        gpu_name=gpu.name,
+        num_gpus=num_gpus,
+        num_nodes=num_nodes,
+        gpus_per_node=node.gpus_per_node,
+        peak_flops_by_dtype=peaks,
+        hbm_bytes=gpu.hbm_gib * GiB,
+        hbm_bytes_per_s=gpu.hbm_gb_per_s * GB,
+        intra_node_bytes_per_s=node.intra_node_gb_per_s * GB,
+        intra_node_latency_s=node.intra_node_latency_us * US,
+        nics_per_node=net.nics_per_node,
+        nic_bytes_per_s=net.nic_gbit_per_s * GBIT,
+        inter_node_latency_s=net.latency_us * US,
+        oversubscription=net.oversubscription,
+        topology=net.topology,
+    )
+
+
+def _size(profile: ClusterProfile, requested: int) -> tuple[int, int]:
+    """(GPUs, nodes) for a requested GPU count: whole nodes, or one partial node below a node's size."""
+    per_node = profile.node.gpus_per_node
+    try:
+        gpus = -1 if isinstance(requested, bool) else operator.index(requested)
+    except TypeError:
+        gpus = -1
+    if gpus < 1:
+        raise SchemaError(f"--gpus {requested!r} is not a positive whole number; use e.g. --gpus {per_node}")
+    if gpus <= per_node:
+        return gpus, 1
+    if gpus % per_node:
+        lower = gpus // per_node * per_node
+        raise SchemaError(
+            f"--gpus {gpus} does not fill whole nodes of {per_node} GPUs ({profile.name}); "
+            f"use a multiple of {per_node} such as {lower} or {lower + per_node}"
+        )
+    return gpus, gpus // per_node
+
+
+def _looks_like_path(name_or_path: str) -> bool:
+    return name_or_path.endswith(_YAML_SUFFIXES) or "/" in name_or_path or "\\" in name_or_path
+
+
+def _resolve(name_or_path: str) -> Path:
+    """Map a shipped name or a path to a file path; UnknownClusterError for an unknown name."""
+    if _looks_like_path(name_or_path):
+        return Path(name_or_path).expanduser()
+    names = list_clusters()
+    if name_or_path in names:
+        return _shipped_path(name_or_path)
+    if Path(name_or_path).is_file():  # a YAML file without a suffix in the working directory
+        return Path(name_or_path)
+    close = difflib.get_close_matches(name_or_path, names, n=3, cutoff=0.5)
+    hint = f"did you mean {' or '.join(close)}? " if close else ""
+    raise UnknownClusterError(
+        f"unknown cluster {name_or_path!r}; {hint}run `autopar clusters` to list shipped profiles, "
+        "or pass a path to a profile YAML file"
+    )
+
+
+def _shipped_path(name: str) -> Path:
+    folder = data_dir(_PROFILE_DIR_NAME)
+    for suffix in _YAML_SUFFIXES:
+        if (folder / f"{name}{suffix}").is_file():
+            return folder / f"{name}{suffix}"
+    raise UnknownClusterError(f"cluster profile {name!r} vanished from {folder}; reinstall autopar")
+
+
+def _read_yaml(path: Path) -> Any:
+    """Parse a YAML file; InputFileError for a missing, unreadable or malformed file."""
+    try:
+        text = path.read_text(encoding="utf-8")
+    except FileNotFoundError:
+        raise InputFileError(
+            f"cluster file {path} not found; check the path, or run `autopar clusters` for shipped names"
+        ) from None
+    except (OSError, UnicodeDecodeError) as err:
+        reason = getattr(err, "strerror", None) or type(err).__name__
+        raise InputFileError(f"cannot read cluster file {path} ({reason}); check the file and its permissions") from None
+    try:
+        return yaml.safe_load(text)
+    except yaml.YAMLError as err:
+        mark = getattr(err, "problem_mark", None)
+        where = f" at line {mark.line + 1}, column {mark.column + 1}" if mark is not None else ""
+        problem = getattr(err, "problem", None) or "invalid YAML"
+        raise InputFileError(f"cluster file {path} is not valid YAML{where} ({problem}); fix the syntax") from None
+
+
+def _validate(raw: Any, path: Path) -> ClusterProfile:
+    """Validate parsed YAML against ClusterProfile; a one-line SchemaError on any violation."""
+    if not isinstance(raw, dict):
+        raise SchemaError(
+            f"{path.name}: a cluster profile must be a mapping with keys name, description, sources, gpu, node, network; "
+            f"got {type(raw).__name__}"
+        )
+    try:
+        return ClusterProfile.model_validate(raw)
+    except ValidationError as err:
+        raise SchemaError(_describe_errors(err, path)) from None
+
+
+def _describe_errors(err: ValidationError, path: Path, limit: int = 3) -> str:
+    """One line: file, then up to `limit` violations as 'field: problem; fix', then a count of the rest."""
+    errors = err.errors(include_url=False)
+    parts = [_describe_error(e) for e in errors[:limit]]
+    more = f" (+{len(errors) - limit} more)" if len(errors) > limit else ""
+    return f"{path.name}: " + "; ".join(parts) + more
+
+
+def _describe_error(error: dict[str, Any]) -> str:
+    loc = tuple(error["loc"])
+    key = ".".join(str(part) for part in loc) or "<top level>"
+    kind = error["type"]
+    if kind == "extra_forbidden":
+        allowed = _allowed_keys(loc[:-1])
+        close = difflib.get_close_matches(str(loc[-1]), allowed, n=1)
+        fix = f"rename it to {close[0]!r} or remove it" if close else "remove it"
+        return f"unknown key {key!r}; {fix} (allowed here: {', '.join(allowed)})"
+    if kind == "missing":
+        return f"missing required key {key!r}; add it"
+    got = error.get("input")
+    got_text = "" if isinstance(got, (dict, list)) else f" (got {got!r})"
+    fix = _FIX_BY_FIELD.get(str(loc[0]) if loc else "", "fix this value")
+    return f"{key}: {error['msg']}{got_text}; {fix}"
+
+
+def _allowed_keys(loc: tuple[Any, ...]) -> list[str]:
+    """Field names of the sub-model at `loc` inside ClusterProfile (list indices skipped)."""
+    model: type[BaseModel] = ClusterProfile
+    for part in loc:
+        if isinstance(part, int) or part not in model.model_fields:
+            continue
+        annotation = model.model_fields[part].annotation
+        if isinstance(annotation, type) and issubclass(annotation, BaseModel):
+            model = annotation
+    return list(model.model_fields)
