@@ -139,10 +139,10 @@ def _decoder_layer(spec: ModelSpec, index: int, moe: bool, kind: str | None = No
         gemms += _ffn_gemms(spec, e.expert_ffn_hidden_size, "expert", "expert", e.num_experts, e.top_k)
         acts += [
             Activation("router_probs", "moe", "sp", B4 * e.num_experts),
-            Activation("expert_input", "moe", "none", B2 * h * e.top_k),
-            Activation("expert_output", "moe", "none", B2 * h * e.top_k),
+            Activation("expert_input", "moe", "sp", B2 * h * e.top_k),
+            Activation("expert_output", "moe", "sp", B2 * h * e.top_k),
         ]
-        acts += _ffn_acts(spec, e.expert_ffn_hidden_size, "expert", "moe", "moe_act", "etp", e.top_k)
+        acts += _ffn_acts(spec, e.expert_ffn_hidden_size, "expert", "moe", "moe_act", "sp", e.top_k)
         ew_tp += _act_bytes(spec, e.expert_ffn_hidden_size) * e.top_k
         ew_flops += _act_flops(spec, e.expert_ffn_hidden_size) * e.top_k
         if e.num_shared_experts:

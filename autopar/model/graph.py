@@ -15,9 +15,10 @@ Conventions
     "tp"   tensor parallel (column/row-parallel weights, per-head activations),
     "sp"   divided by tp only when sequence parallelism is on (norms, dropout, residuals),
     "none" replicated on every TP rank,
-    "etp"  expert tensor parallel (inside one expert),
-  and every activation is further divided by cp (the sequence is split). EP does not divide
-  per-GPU expert activations: each rank processes about local_tokens·top_k routed tokens.
+  and every activation is further divided by cp (the sequence is split). Routed-expert tensors
+  are "sp": Megatron's MoE needs sp with tp > 1, so each rank dispatches its tokens/tp and gets
+  back about tokens/tp · top_k (ETP gathers tokens and splits widths, which cancels); EP does
+  not divide per-GPU expert activations.
 - `module` on an activation is the Megatron recompute unit that drops it under selective
   recompute (--recompute-modules: core_attn, layernorm, mlp, moe, moe_act, shared_experts,
   mla_up_proj); "layer_input" is what full recompute keeps; "kept" is never dropped by a

@@ -1,0 +1,119 @@
+"""Collective communication time on the link tier a process group spans.
+
+Rank order is Megatron's: tp fastest, then cp, then dp (dense) or etp, ep, edp (experts), then pp.
+A group of `size` ranks with stride s (product of the faster axes) stays inside a node when
+s·size <= GPUs per node; otherwise it holds max(1, gpn/s) ranks per node.
+
+Time = α · steps + volume / (bus bandwidth · message efficiency), NCCL's bus-bandwidth convention
+(NCCL tests, PERFORMANCE.md): all-reduce moves 2(n-1)/n of the buffer, all-gather and
+reduce-scatter (n-1)/n. Across nodes every GPU of a node communicates at once (all groups of an
+axis run together), so each GPU gets its share of the node's NICs; a ring with g ranks per node
+uses g rails. Ignored: SHARP/in-network reduction, congestion beyond the stated oversubscription,
+NCCL protocol switches (LL/LL128/Simple) except through the fitted message-size efficiency.
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass
+
+from autopar.cost.params import CostParams
+from autopar.hardware import Cluster
+
+
+@dataclass(frozen=True, slots=True)
+class GroupSpan:
+    """A process group's placement: its size, ranks per node, and nodes spanned."""
+
+    size: int
+    ranks_per_node: int
+    nodes: int
+
+    @property
+    def crosses_nodes(self) -> bool:
+        return self.nodes > 1
+
+
+def group_span(size: int, stride: int, gpus_per_node: int) -> GroupSpan:
+    """Placement of a group of `size` ranks whose members are `stride` ranks apart."""
+    if size <= 1:
+        return GroupSpan(1, 1, 1)
+    if stride * size <= gpus_per_node:
+        return GroupSpan(size, size, 1)
+    per_node = max(1, gpus_per_node // stride)
+    return GroupSpan(size, per_node, math.ceil(size / per_node))
+
+
+def bus_bandwidth_bytes_per_s(span: GroupSpan, cluster: Cluster, p: CostParams) -> float:
+    """Achievable bus bandwidth of a ring collective on this group, before message-size effects."""
+    intra = cluster.intra_node_bytes_per_s * p.intra_node_efficiency
+    if not span.crosses_nodes:
+        return intra
+    inter = span.ranks_per_node * cluster.inter_node_bytes_per_s_per_gpu * p.inter_node_efficiency
+    return min(intra, inter)
+
+
+def _latency_s(span: GroupSpan, cluster: Cluster, ring_steps: int) -> float:
+    """α per step; NCCL switches to trees when they have fewer steps (2·log2 n)."""
+    alpha = cluster.inter_node_latency_s if span.crosses_nodes else cluster.intra_node_latency_s
+    return alpha * min(ring_steps, 2 * math.ceil(math.log2(span.size)))
+
+
+def _transfer_s(volume_bytes: float, message_bytes: float, bandwidth: float, p: CostParams) -> float:
+    efficiency = message_bytes / (message_bytes + p.half_message_bytes) if p.half_message_bytes else 1.0
+    return volume_bytes / (bandwidth * efficiency)
+
+
+def all_reduce_s(buffer_bytes: float, span: GroupSpan, cluster: Cluster, p: CostParams) -> float:
+    """Ring all-reduce of a buffer of `buffer_bytes` on every rank: 2(n-1)/n · size / busbw."""
+    n = span.size
+    if n <= 1 or buffer_bytes <= 0:
+        return 0.0
+    bw = bus_bandwidth_bytes_per_s(span, cluster, p)
+    return _latency_s(span, cluster, 2 * (n - 1)) + _transfer_s(2 * (n - 1) / n * buffer_bytes, buffer_bytes, bw, p)
+
+
+def all_gather_s(output_bytes: float, span: GroupSpan, cluster: Cluster, p: CostParams) -> float:
+    """All-gather into `output_bytes` per rank (the whole tensor): (n-1)/n · size / busbw."""
+    n = span.size
+    if n <= 1 or output_bytes <= 0:
+        return 0.0
+    bw = bus_bandwidth_bytes_per_s(span, cluster, p)
+    return _latency_s(span, cluster, n - 1) + _transfer_s((n - 1) / n * output_bytes, output_bytes, bw, p)
+
+
+def reduce_scatter_s(input_bytes: float, span: GroupSpan, cluster: Cluster, p: CostParams) -> float:
+    """Reduce-scatter of `input_bytes` per rank: same volume as all-gather of that size."""
+    return all_gather_s(input_bytes, span, cluster, p)
+
+
+def all_to_all_s(send_bytes: float, span: GroupSpan, cluster: Cluster, p: CostParams) -> float:
+    """Each rank sends `send_bytes` spread evenly over the group. The share bound for other nodes
+    leaves through this GPU's share of the NICs; the rest crosses NVLink, concurrently."""
+    n = span.size
+    if n <= 1 or send_bytes <= 0:
+        return 0.0
+    local_peers = span.ranks_per_node - 1
+    remote_peers = n - span.ranks_per_node
+    message = send_bytes / n
+    intra_bw = cluster.intra_node_bytes_per_s * p.intra_node_efficiency
+    t_intra = _transfer_s(send_bytes * local_peers / n, message, intra_bw, p) if local_peers else 0.0
+    t_inter = 0.0
+    if remote_peers:
+        inter_bw = cluster.inter_node_bytes_per_s_per_gpu * p.inter_node_efficiency
+        t_inter = _transfer_s(send_bytes * remote_peers / n, message, inter_bw, p)
+    alpha = cluster.inter_node_latency_s if remote_peers else cluster.intra_node_latency_s
+    return alpha * math.ceil(math.log2(n)) + max(t_intra, t_inter)
+
+
+def send_recv_s(message_bytes: float, crosses_nodes: bool, cluster: Cluster, p: CostParams) -> float:
+    """Point-to-point transfer between adjacent pipeline stages."""
+    if message_bytes <= 0:
+        return 0.0
+    if crosses_nodes:
+        bw = cluster.inter_node_bytes_per_s_per_gpu * p.inter_node_efficiency  # every GPU of a node sends
+        alpha = cluster.inter_node_latency_s
+    else:
+        bw = cluster.intra_node_bytes_per_s * p.intra_node_efficiency
+        alpha = cluster.intra_node_latency_s
+    return alpha + _transfer_s(message_bytes, message_bytes, bw, p)

@@ -1,0 +1,63 @@
+"""Compute time of one op on one GPU from its FLOPs or bytes and a shape-dependent efficiency.
+
+Model: time = FLOPs / (peak · eff) + kernel overhead, with eff = max · Π_d d/(d + d_half) over the
+GEMM dims m, n, k (a saturating fit in the spirit of the roofline; small dims starve the tensor
+cores). Memory-bound ops take bytes / (HBM bandwidth · efficiency). The efficiencies come from a
+cost-model file. Ignored: wave quantization, L2 reuse, and clock throttling beyond what the fit
+absorbs.
+"""
+
+from __future__ import annotations
+
+import math
+
+from autopar.cost.params import CostParams
+
+
+def _saturation(dim: float, half: float) -> float:
+    return dim / (dim + half)
+
+
+def gemm_efficiency(m: float, n: float, k: float, p: CostParams) -> float:
+    """Fraction of dense peak a (m × k)·(k × n) GEMM reaches; from the profiled table if present."""
+    if p.gemm_table:
+        return _interpolate_gemm(m, n, k, p.gemm_table)
+    h = p.gemm_half_dim
+    return p.gemm_max * _saturation(m, h) * _saturation(n, h) * _saturation(k, h)
+
+
+def _interpolate_gemm(m: float, n: float, k: float, table: tuple) -> float:
+    """Inverse-distance weighting in log2(m, n, k) over the 4 nearest profiled shapes."""
+    q = (math.log2(max(m, 1)), math.log2(max(n, 1)), math.log2(max(k, 1)))
+    nearest = sorted(
+        (sum((a - math.log2(b)) ** 2 for a, b in zip(q, pt[:3])), pt[3]) for pt in table
+    )[:4]
+    if nearest[0][0] < 1e-12:
+        return nearest[0][1]
+    weights = [1.0 / d for d, _ in nearest]
+    return sum(w * e for w, (_, e) in zip(weights, nearest)) / sum(weights)
+
+
+def gemm_time_s(m: float, n: float, k: float, peak_flops: float, p: CostParams, count: float = 1.0) -> float:
+    """`count` identical GEMMs of shape (m, n, k). Source: 2·m·n·k FLOPs per GEMM (one FMA = 2 FLOPs)."""
+    if m <= 0 or n <= 0 or k <= 0:
+        return 0.0
+    return count * (2.0 * m * n * k / (peak_flops * gemm_efficiency(m, n, k, p)) + p.kernel_overhead_s)
+
+
+def attention_efficiency(seq_len: float, p: CostParams) -> float:
+    return p.attention_max * _saturation(seq_len, p.attention_half_seq)
+
+
+def attention_time_s(flops: float, seq_len: float, peak_flops: float, p: CostParams) -> float:
+    """Fused (flash) attention forward, FLOPs counted causally. Source: Dao 2023 (FlashAttention-2)."""
+    if flops <= 0:
+        return 0.0
+    return flops / (peak_flops * attention_efficiency(seq_len, p)) + p.kernel_overhead_s
+
+
+def memory_bound_time_s(bytes_moved: float, hbm_bytes_per_s: float, p: CostParams, kernels: int = 1) -> float:
+    """Elementwise ops (norms, activations, residuals, optimizer): HBM traffic over achieved bandwidth."""
+    if bytes_moved <= 0:
+        return 0.0
+    return bytes_moved / (hbm_bytes_per_s * p.hbm_efficiency) + kernels * p.kernel_overhead_s

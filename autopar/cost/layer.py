@@ -1,0 +1,182 @@
+"""Time of one layer for one microbatch on one GPU: compute of every GEMM after TP/CP/EP splitting,
+attention and elementwise ops, and the TP, CP and EP communication the layer issues.
+
+Splitting (Megatron-Core): column/row-parallel GEMMs see all T tokens of the microbatch and n or k
+divided by tp; replicated GEMMs (router, MLA down-projections) see T/tp tokens under sp; routed
+experts see T/tp · top_k tokens per rank spread over E/ep local experts (balanced routing times a
+stated imbalance factor), each ETP-split; attention heads are divided by tp and tokens by cp.
+Backward = 2 × forward GEMM time (dgrad + wgrad), attention × the file's backward ratio,
+elementwise × 2.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+from autopar.cost import comm
+from autopar.cost.compute import attention_time_s, gemm_time_s, memory_bound_time_s
+from autopar.cost.params import CostParams
+from autopar.hardware import Cluster
+from autopar.model.graph import Layer
+
+# Gemm name prefixes -> Megatron recompute module that recomputes them under selective recompute.
+_GEMM_MODULE = {"mlp": "mlp", "expert": "moe", "shared": "shared_experts", "q_up": "mla_up_proj",
+                "kv_up": "mla_up_proj"}
+# Share of a layer's sp-side elementwise traffic that is its two norms (4h of the 10h, see build.py).
+_NORM_SHARE_OF_SP_BYTES = 0.4
+BF16_BYTES = 2
+# Parallel blocks per layer, each an all-gather + reduce-scatter (sp) or an all-reduce: attention
+# and MLP in a dense layer; attention only in an MoE layer (the experts talk over EP); the
+# vocab-parallel head; the embedding's reduction counts as half a block (no all-gather).
+_TP_BLOCKS = {"dense": 2, "moe": 1, "mtp": 3, "head": 1, "embedding": 0.5}
+
+
+@dataclass(frozen=True, slots=True)
+class Split:
+    """The degrees and per-microbatch sizes a layer's cost depends on."""
+
+    tp: int
+    sp: bool
+    cp: int
+    ep: int
+    etp: int
+    tokens: float  # tokens of one microbatch on one rank: mbs · seq / cp
+    seq_len: int
+    hidden: int
+    peak_flops: float
+    moe_imbalance: float = 1.0
+
+
+@dataclass(frozen=True, slots=True)
+class Spans:
+    tp: comm.GroupSpan
+    cp: comm.GroupSpan
+    ep: comm.GroupSpan
+    etp: comm.GroupSpan
+
+
+@dataclass(frozen=True, slots=True)
+class LayerCost:
+    """Seconds for one microbatch. *_comm_* are the exposed parts."""
+
+    fwd_compute_s: float
+    bwd_compute_s: float
+    tp_comm_fwd_s: float
+    tp_comm_bwd_s: float
+    cp_comm_fwd_s: float
+    cp_comm_bwd_s: float
+    ep_comm_fwd_s: float
+    ep_comm_bwd_s: float
+    module_recompute_s: tuple[tuple[str, float], ...]  # selective: module -> forward time redone
+
+    @property
+    def fwd_s(self) -> float:
+        return self.fwd_compute_s + self.tp_comm_fwd_s + self.cp_comm_fwd_s + self.ep_comm_fwd_s
+
+    @property
+    def bwd_s(self) -> float:
+        return self.bwd_compute_s + self.tp_comm_bwd_s + self.cp_comm_bwd_s + self.ep_comm_bwd_s
+
+    def recompute_s(self, mode: str, modules: tuple[str, ...]) -> float:
+        if mode == "full":
+            return self.fwd_s
+        if mode == "selective":
+            return sum(t for m, t in self.module_recompute_s if m in modules)
+        return 0.0
+
+
+def _gemm_shape(g, s: Split) -> tuple[float, float, float, float]:
+    """(m, n, k, count) of one GEMM on one rank."""
+    if g.is_expert:
+        local_experts = max(g.num_experts // s.ep, 1)
+        routed = s.tokens / (s.tp if s.sp else 1) * g.tokens_per_token * s.moe_imbalance
+        m = routed * s.etp / local_experts
+        n, k = (g.n / s.etp, g.k) if g.split == "expert_col" else (g.n, g.k / s.etp)
+        return m, n, k, local_experts
+    if g.split == "none":
+        return s.tokens / (s.tp if s.sp else 1), g.n, g.k, 1
+    if g.split == "row":
+        return s.tokens, g.n, g.k / s.tp, 1
+    return s.tokens, g.n / s.tp, g.k, 1  # col, vocab
+
+
+def _gemm_module(name: str) -> str:
+    return next((mod for prefix, mod in _GEMM_MODULE.items() if name.startswith(prefix)), "")
+
+
+def _compute(layer: Layer, s: Split, cluster: Cluster, p: CostParams) -> tuple[float, float, dict[str, float]]:
+    """Forward and backward compute seconds, and forward seconds by recompute module."""
+    module_s: dict[str, float] = {}
+    gemm_fwd = 0.0
+    for g in layer.gemms:
+        m, n, k, count = _gemm_shape(g, s)
+        t = gemm_time_s(m, n, k, s.peak_flops, p, count)
+        gemm_fwd += t
+        mod = _gemm_module(g.name)
+        if mod:
+            module_s[mod] = module_s.get(mod, 0.0) + t
+    attn_flops = layer.attention_flops_per_token(s.seq_len, causal=True) * s.tokens / s.tp
+    attn_fwd = attention_time_s(attn_flops, s.seq_len, s.peak_flops, p)
+    module_s["core_attn"] = attn_fwd
+    ew_bytes_sp = layer.elementwise_bytes_per_token_sp * s.tokens / (s.tp if s.sp else 1)
+    ew_bytes_tp = layer.elementwise_bytes_per_token_tp * s.tokens / s.tp
+    ew_fwd = memory_bound_time_s(ew_bytes_sp + ew_bytes_tp, cluster.hbm_bytes_per_s, p)
+    module_s["layernorm"] = ew_fwd * _NORM_SHARE_OF_SP_BYTES * ew_bytes_sp / max(ew_bytes_sp + ew_bytes_tp, 1.0)
+    act_s = ew_fwd * ew_bytes_tp / max(ew_bytes_sp + ew_bytes_tp, 1.0)
+    for mod in ("mlp", "moe", "moe_act"):
+        if layer.kind in ("moe", "mtp") and mod != "mlp" or layer.kind == "dense" and mod == "mlp":
+            module_s[mod] = module_s.get(mod, 0.0) + act_s
+    fwd = gemm_fwd + attn_fwd + ew_fwd
+    bwd = 2.0 * gemm_fwd + p.attention_backward_ratio * attn_fwd + 2.0 * ew_fwd
+    return fwd, bwd, module_s
+
+
+def _tp_comm(layer: Layer, s: Split, spans: Spans, cluster: Cluster, p: CostParams, tp_overlap: bool) -> float:
+    """Exposed forward TP communication: with sp an all-gather before and a reduce-scatter after each
+    parallel block (Korthikanti et al. 2022 §4.2.2), without sp an all-reduce after each."""
+    if s.tp == 1:
+        return 0.0
+    full_bytes = s.tokens * s.hidden * BF16_BYTES
+    blocks = _TP_BLOCKS[layer.kind] - (1 if layer.kind == "mtp" and layer.num_experts else 0)
+    if s.sp:
+        t = blocks * (comm.all_gather_s(full_bytes, spans.tp, cluster, p) +
+                      comm.reduce_scatter_s(full_bytes, spans.tp, cluster, p))
+    else:
+        t = blocks * comm.all_reduce_s(full_bytes, spans.tp, cluster, p)
+    return t * (1.0 - p.tp_overlap) if tp_overlap else t
+
+
+def _cp_comm(layer: Layer, s: Split, spans: Spans, cluster: Cluster, p: CostParams, attn_fwd_s: float) -> float:
+    """Exposed forward ring-attention K/V exchange: cp − 1 sends of the local K and V, overlapped
+    with attention compute (Liu et al. 2023, Ring Attention; Megatron --cp-comm-type p2p)."""
+    if s.cp == 1 or not layer.num_heads:
+        return 0.0
+    kv_bytes = s.tokens * layer.num_kv_heads * (layer.head_dim_qk + layer.head_dim_v) * BF16_BYTES / s.tp
+    step = comm.send_recv_s(kv_bytes, spans.cp.crosses_nodes, cluster, p)
+    total = (s.cp - 1) * step
+    return max(total * (1.0 - p.cp_overlap), total - attn_fwd_s)
+
+
+def _ep_comm(layer: Layer, s: Split, spans: Spans, cluster: Cluster, p: CostParams) -> float:
+    """Forward token dispatch + combine: two all-to-alls over the EP group of the routed tokens
+    (Megatron alltoall dispatcher), plus an all-gather/reduce-scatter over ETP when etp > 1."""
+    if not layer.num_experts:
+        return 0.0
+    routed_bytes = s.tokens / (s.tp if s.sp else 1) * layer.top_k * s.hidden * BF16_BYTES * s.moe_imbalance
+    t = 2.0 * comm.all_to_all_s(routed_bytes, spans.ep, cluster, p)
+    if s.etp > 1:
+        t += comm.all_gather_s(routed_bytes * s.etp, spans.etp, cluster, p)
+        t += comm.reduce_scatter_s(routed_bytes * s.etp, spans.etp, cluster, p)
+    return t
+
+
+def layer_cost(layer: Layer, s: Split, spans: Spans, cluster: Cluster, p: CostParams, tp_overlap: bool) -> LayerCost:
+    fwd, bwd, module_s = _compute(layer, s, cluster, p)
+    tp = _tp_comm(layer, s, spans, cluster, p, tp_overlap)
+    cp = _cp_comm(layer, s, spans, cluster, p, module_s["core_attn"])
+    cp_bwd = _cp_comm(layer, s, spans, cluster, p, module_s["core_attn"] * p.attention_backward_ratio / 2) * 2
+    ep = _ep_comm(layer, s, spans, cluster, p)
+    return LayerCost(
+        fwd_compute_s=fwd, bwd_compute_s=bwd, tp_comm_fwd_s=tp, tp_comm_bwd_s=tp, cp_comm_fwd_s=cp,
+        cp_comm_bwd_s=cp_bwd, ep_comm_fwd_s=ep, ep_comm_bwd_s=ep, module_recompute_s=tuple(sorted(module_s.items())),
+    )

@@ -1,0 +1,92 @@
+"""Per-GPU memory terms: model states by framework and ZeRO stage, saved activations by recompute
+mode, in-flight microbatches per pipeline schedule. Base units: bytes, counts.
+"""
+
+from __future__ import annotations
+
+from autopar.model.graph import Layer
+
+# Bytes per parameter of (weights, gradients, optimizer state), and which of them ZeRO shards,
+# for mixed-precision Adam (two fp32 moments):
+#   megatron: bf16 weights, fp32 main grads (--accumulate-allreduce-grads-in-fp32 is forced with
+#     bf16), fp32 master copy + 2 moments = 2 + 4 + 12 = 18 (Megatron-LM docs, distrib_optimizer.md);
+#     the distributed optimizer (zero 1) shards the 12 optimizer bytes: 6 + 12/d.
+#   deepspeed: 2 + 2 + 12 = 16 (Rajbhandari et al. 2020, ZeRO §3 "2Ψ + 2Ψ + KΨ", K = 12);
+#     stage 1 shards optimizer, 2 adds gradients, 3 adds weights.
+#   torchtitan (FSDP2, bf16 compute, fp32 reduce): fp32 sharded weights 4 + fp32 grads 4 + moments 8
+#     = 16, sharded over the FSDP group; the bf16 unsharded copies are transient (see fsdp_transient).
+_STATE_BYTES = {
+    "megatron": (2.0, 4.0, 12.0),
+    "deepspeed": (2.0, 2.0, 12.0),
+    "torchtitan": (4.0, 4.0, 8.0),
+}
+
+
+def model_state_bytes(params: float, framework: str, zero: int, shard: int) -> dict[str, float]:
+    """Weights, gradients and optimizer state of `params` parameters on one GPU, sharded over
+    `shard` ranks by ZeRO stage `zero` (1: optimizer, 2: + gradients, 3: + weights)."""
+    w, g, o = _STATE_BYTES[framework]
+    if framework == "torchtitan" and zero >= 2:
+        zero = 3  # FSDP shards all three; zero 2 only keeps the bf16 weights gathered (fsdp_transient)
+    return {
+        "weights": params * w / (shard if zero >= 3 else 1),
+        "gradients": params * g / (shard if zero >= 2 else 1),
+        "optimizer": params * o / (shard if zero >= 1 else 1),
+    }
+
+
+def fsdp_transient_bytes(stage_params: float, largest_layer_params: float, framework: str, zero: int) -> float:
+    """Unsharded bf16 weights alive at once: ZeRO-3/FSDP gathers about two layers (current and
+    prefetched); torchtitan's zero 2 (reshard_after_forward=False) keeps the stage's weights."""
+    if framework == "torchtitan" and zero == 2:
+        return 2.0 * stage_params
+    if zero >= 3:
+        return 2.0 * 2.0 * largest_layer_params
+    return 0.0
+
+
+def activation_divisor(split: str, tp: int, sp: bool) -> int:
+    """How many ranks share a tensor of this split kind (see autopar.model.graph)."""
+    if split == "tp":
+        return tp
+    if split == "sp":
+        return tp if sp else 1
+    return 1
+
+
+def saved_activation_bytes(layer: Layer, tokens: float, seq_len: int, tp: int, sp: bool, recompute: str,
+                           modules: tuple[str, ...] = ()) -> float:
+    """Bytes `layer` saves for backward for `tokens` tokens on one GPU (tokens already divided by cp).
+
+    recompute "full": only the layer input ("layer_input" tensors) is kept; "selective": tensors of
+    the listed modules are dropped; "none": everything is kept. Source: Korthikanti et al. 2022 §4
+    (34·sbh/t with selective, 2·sbh/t with full, under tp + sp).
+    """
+    total = 0.0
+    for act in layer.activations:
+        if recompute == "full" and act.module != "layer_input":
+            continue
+        if recompute == "selective" and act.module in modules:
+            continue
+        per_token = act.bytes_per_token + act.bytes_per_token_per_seq * seq_len
+        total += per_token * tokens / activation_divisor(act.split, tp, sp)
+    return total
+
+
+def inflight_microbatches_1f1b(pp: int, rank: int, num_microbatches: int) -> int:
+    """Microbatches whose activations pipeline rank `rank` holds at its peak under 1F1B: pp − rank
+    (Narayanan et al. SC'21 §2.2; the first stage holds pp), never more than there are."""
+    return min(pp - rank, num_microbatches)
+
+
+def inflight_chunks_interleaved(pp: int, vpp: int, rank: int, num_microbatches: int) -> int:
+    """Model-chunk forwards in flight on `rank` under interleaved 1F1B: Megatron's warm-up count
+    (pp − rank − 1)·2 + (vpp − 1)·pp, plus the one in steady state; capped by m·vpp."""
+    return min((pp - rank - 1) * 2 + (vpp - 1) * pp + 1, num_microbatches * vpp)
+
+
+def with_overheads(allocated_bytes: float, cuda_context_bytes: float, comm_buffer_bytes: float,
+                   fragmentation: float) -> float:
+    """Peak reserved memory: allocations plus allocator fragmentation, NCCL/bucket buffers and the
+    CUDA context (constants stated in the cost-model file)."""
+    return allocated_bytes * (1.0 + fragmentation) + comm_buffer_bytes + cuda_context_bytes

@@ -1,0 +1,96 @@
+"""Load a cost-model file (cost_models/*.json) into the flat parameters the cost terms read."""
+
+from __future__ import annotations
+
+import json
+from dataclasses import dataclass
+from functools import lru_cache
+from pathlib import Path
+
+from pydantic import ValidationError
+
+from autopar.data import data_dir
+from autopar.errors import InputFileError, SchemaError
+from autopar.schema import one_line
+from autopar.schema.cost_model import CostModelFile
+from autopar.units import GiB, US
+
+
+@dataclass(frozen=True, slots=True)
+class CostParams:
+    """Base-unit view of a CostModelFile, read in the hot path."""
+
+    name: str
+    gemm_max: float
+    gemm_half_dim: float
+    attention_max: float
+    attention_half_seq: float
+    attention_backward_ratio: float
+    hbm_efficiency: float
+    kernel_overhead_s: float
+    fp8_speedup: float
+    intra_node_efficiency: float
+    inter_node_efficiency: float
+    half_message_bytes: float
+    tp_overlap: float
+    cp_overlap: float
+    cuda_context_bytes: float
+    fragmentation: float
+    comm_buffer_bytes: float
+    gemm_table: tuple[tuple[int, int, int, float], ...] = ()
+
+
+def params_from_file(f: CostModelFile) -> CostParams:
+    c, n, m = f.compute, f.network, f.memory
+    return CostParams(
+        name=f.name, gemm_max=c.gemm_max, gemm_half_dim=c.gemm_half_dim, attention_max=c.attention_max,
+        attention_half_seq=c.attention_half_seq, attention_backward_ratio=c.attention_backward_ratio,
+        hbm_efficiency=c.hbm_efficiency, kernel_overhead_s=c.kernel_overhead_us * US, fp8_speedup=c.fp8_speedup,
+        intra_node_efficiency=n.intra_node, inter_node_efficiency=n.inter_node,
+        half_message_bytes=n.half_message_bytes, tp_overlap=n.tp_overlap, cp_overlap=n.cp_overlap,
+        cuda_context_bytes=m.cuda_context_gib * GiB, fragmentation=m.fragmentation,
+        comm_buffer_bytes=m.comm_buffer_gib * GiB,
+        gemm_table=tuple((p.m, p.n, p.k, p.efficiency) for p in f.gemm_table),
+    )
+
+
+def list_cost_models() -> list[str]:
+    return sorted(p.stem for p in data_dir("cost_models").glob("*.json"))
+
+
+def read_cost_model_file(path: Path) -> CostModelFile:
+    try:
+        raw = json.loads(path.read_text(encoding="utf-8"))
+    except OSError as exc:
+        raise InputFileError(f"cannot read cost model {path} ({exc.__class__.__name__}); check the path")
+    except json.JSONDecodeError as exc:
+        raise InputFileError(f"cost model {path} is malformed JSON near line {exc.lineno}; fix its syntax")
+    try:
+        return CostModelFile(**raw) if isinstance(raw, dict) else CostModelFile.model_validate(raw)
+    except ValidationError as exc:
+        raise SchemaError(one_line(exc, f"cost model {path}"))
+
+
+@lru_cache(maxsize=32)
+def load_cost_model(name_or_path: str) -> tuple[CostModelFile, CostParams]:
+    """A shipped cost model by name (e.g. "h100") or a path to a cost-model JSON file."""
+    path = Path(name_or_path).expanduser()
+    if not path.suffix:
+        path = data_dir("cost_models") / f"{name_or_path}.json"
+        if not path.is_file():
+            raise InputFileError(f"unknown cost model {name_or_path!r}; shipped: {', '.join(list_cost_models())}, "
+                                 "or pass a path to a JSON file made by `autopar profile` or `autopar calibrate`")
+    elif not path.is_file():
+        raise InputFileError(f"cost model file {path} does not exist; check the path")
+    f = read_cost_model_file(path)
+    return f, params_from_file(f)
+
+
+def cost_model_for_gpu(gpu_name: str) -> tuple[CostModelFile, CostParams]:
+    """The shipped cost model whose `gpus` list names this GPU."""
+    for name in list_cost_models():
+        f, p = load_cost_model(name)
+        if gpu_name in f.gpus:
+            return f, p
+    raise InputFileError(f"no shipped cost model covers GPU {gpu_name!r}; pass --cost-model PATH "
+                         "(made by `autopar profile` or `autopar calibrate`)")

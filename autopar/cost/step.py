@@ -1,0 +1,358 @@
+"""One training step of a plan: per-stage time and memory, the pipeline schedule, data-parallel
+synchronization and the optimizer, summed into an Estimate.
+
+step = pipeline(per-rank forward/backward per microbatch) + exposed DP sync + optimizer step.
+The pipeline uses the 1F1B closed form generalized to interleaving and unequal ranks:
+m · max_r(f_r + b_r) + (Σ_r (f_r + b_r) − max_r(f_r + b_r)) / v + 2(p − 1) · p2p, which is
+Narayanan'21's (m + (p − 1)/v)(f + b) for equal ranks (checked against autopar.cost.pipeline's
+event simulation in tests).
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+
+from autopar.cost import comm, memory
+from autopar.cost.compute import memory_bound_time_s
+from autopar.cost.layer import BF16_BYTES, LayerCost, Spans, Split, layer_cost
+from autopar.cost.params import CostParams
+from autopar.hardware import Cluster
+from autopar.model.graph import Layer, ModelGraph
+from autopar.schema.plan import ParallelPlan
+
+# Adam step traffic per locally owned parameter: read fp32 master, grad, two moments (16 B),
+# write master and moments (12 B) and the bf16 weight (2 B); clipping reads the grad again (4 B).
+OPTIMIZER_BYTES_PER_PARAM = 34.0
+# Megatron's default DDP bucket is max(40M, 1M·dp) parameters; the last bucket's reduction cannot
+# overlap with backward. We expose at least 1/GRAD_BUCKETS of the reduction.
+GRAD_BUCKETS = 8
+MFU_NOTE = "MFU = (6·N_active + causal attention) FLOPs per token × tokens/s ÷ dense bf16 peak (fp8 plans too)"
+MAIN_GRAD_BYTES = {"megatron": 4.0, "deepspeed": 2.0, "torchtitan": 4.0}  # bytes reduced per grad
+
+
+@dataclass(frozen=True, slots=True)
+class StageEstimate:
+    """One pipeline rank (all its virtual stages)."""
+
+    rank: int
+    layers: tuple[int, ...]  # decoder layers per virtual stage on this rank
+    fwd_s: float  # per microbatch, all chunks, incl. exposed TP/CP/EP comm
+    bwd_s: float  # per microbatch, incl. recompute
+    recompute_s: float
+    params: float
+    memory_bytes: float
+    memory_breakdown_bytes: dict[str, float]
+
+
+@dataclass(frozen=True)
+class Estimate:
+    step_time_s: float
+    tokens_per_s: float
+    tokens_per_s_per_gpu: float
+    model_tflops_per_gpu: float
+    hardware_tflops_per_gpu: float
+    mfu: float
+    peak_memory_bytes: float
+    memory_capacity_bytes: float
+    fits: bool
+    time_breakdown_s: dict[str, float]
+    memory_breakdown_bytes: dict[str, float]
+    stages: tuple[StageEstimate, ...]
+    num_microbatches: int
+    dp: int
+    notes: tuple[str, ...] = field(default=())
+
+    @property
+    def bubble_fraction(self) -> float:
+        return self.time_breakdown_s["bubble"] / self.step_time_s
+
+    @property
+    def exposed_comm_fraction(self) -> float:
+        keys = ("tp_comm", "cp_comm", "ep_comm", "dp_comm", "pp_comm")
+        return sum(self.time_breakdown_s[k] for k in keys) / self.step_time_s
+
+
+def stage_layer_counts(num_layers: int, stages: int) -> tuple[int, ...]:
+    """Even split; a remainder goes to the middle stages so the first and last (which also hold
+    the embedding and the head) get fewer — Llama 3's 405B layout (Dubey et al. 2024 §3.3.2)."""
+    q, r = divmod(num_layers, stages)
+    counts = [q] * stages
+    order = list(range(1, stages - 1)) + [0, stages - 1] if stages > 2 else list(range(stages))
+    for i in order[:r]:
+        counts[i] += 1
+    return tuple(counts)
+
+
+def assign_layers(graph: ModelGraph, plan: ParallelPlan) -> list[list[Layer]]:
+    """Layers of each virtual stage: embedding on the first, MTP and head on the last."""
+    counts = plan.layers_per_stage or stage_layer_counts(graph.spec.num_layers, plan.pp * plan.vpp)
+    decoders = list(graph.decoder_layers)
+    stages, start = [], 0
+    for c in counts:
+        stages.append(decoders[start:start + c])
+        start += c
+    stages[0].insert(0, graph.layers[0])
+    stages[-1].extend(layer for layer in graph.layers if layer.kind in ("mtp", "head"))
+    return stages
+
+
+@dataclass(frozen=True, slots=True)
+class _Setup:
+    split: Split
+    spans: Spans
+    dp_span: comm.GroupSpan
+    edp_span: comm.GroupSpan
+    pp_crosses_nodes: bool
+    dp: int
+    edp: int
+    m: int
+
+
+def _setup(graph: ModelGraph, cluster: Cluster, plan: ParallelPlan, p: CostParams) -> _Setup:
+    n, gpn = cluster.num_gpus, cluster.gpus_per_node
+    dp = plan.dp_for(n)
+    etp = plan.expert_tp
+    edp = max(n // (etp * plan.ep * plan.pp), 1)
+    peak = cluster.peak_flops(plan.precision if plan.precision != "fp8" else "bf16")
+    if plan.precision == "fp8":
+        peak *= p.fp8_speedup
+    split = Split(tp=plan.tp, sp=plan.sequence_parallel, cp=plan.cp, ep=plan.ep, etp=etp,
+                  tokens=plan.mbs * plan.seq_len / plan.cp, seq_len=plan.seq_len, hidden=graph.spec.hidden_size,
+                  peak_flops=peak)
+    spans = Spans(tp=comm.group_span(plan.tp, 1, gpn), cp=comm.group_span(plan.cp, plan.tp, gpn),
+                  ep=comm.group_span(plan.ep, etp, gpn), etp=comm.group_span(etp, 1, gpn))
+    return _Setup(split=split, spans=spans, dp_span=comm.group_span(dp, plan.tp * plan.cp, gpn),
+                  edp_span=comm.group_span(edp, etp * plan.ep, gpn),
+                  pp_crosses_nodes=plan.tp * plan.cp * dp >= gpn and n > gpn, dp=dp, edp=edp,
+                  m=plan.num_microbatches(n))
+
+
+def _layer_costs(stages: list[list[Layer]], st: _Setup, cluster: Cluster, p: CostParams,
+                 plan: ParallelPlan) -> dict[str, LayerCost]:
+    """Cost of each distinct layer (all dense decoders are alike, all MoE decoders are alike)."""
+    out: dict[str, LayerCost] = {}
+    for stage in stages:
+        for layer in stage:
+            key = _layer_key(layer)
+            if key not in out:
+                out[key] = layer_cost(layer, st.split, st.spans, cluster, p, plan.tp_comm_overlap)
+    return out
+
+
+def _layer_key(layer: Layer) -> str:
+    return layer.kind if layer.kind in ("dense", "moe") else layer.name
+
+
+def _recompute_mode(plan: ParallelPlan, position: int) -> str:
+    """Recompute mode of the position-th decoder layer of a virtual stage (Megatron's block method
+    recomputes the first K layers of each virtual stage)."""
+    r = plan.recompute
+    if r.mode == "full" and r.num_layers is not None and position >= r.num_layers:
+        return "none"
+    return r.mode
+
+
+def _stage_time(stage: list[Layer], costs: dict[str, LayerCost], plan: ParallelPlan) -> tuple[float, float, float, dict]:
+    """(fwd, bwd incl. recompute, recompute, comm parts) of one virtual stage for one microbatch."""
+    fwd = bwd = rec = 0.0
+    parts = {"tp_comm": 0.0, "cp_comm": 0.0, "ep_comm": 0.0}
+    position = 0
+    for layer in stage:
+        c = costs[_layer_key(layer)]
+        mode = "none"
+        if layer.kind in ("dense", "moe"):
+            mode = _recompute_mode(plan, position)
+            position += 1
+        r = c.recompute_s(mode, plan.recompute.modules)
+        fwd += c.fwd_s
+        bwd += c.bwd_s + r
+        rec += r
+        parts["tp_comm"] += c.tp_comm_fwd_s + c.tp_comm_bwd_s + (c.tp_comm_fwd_s if mode == "full" else 0.0)
+        parts["cp_comm"] += c.cp_comm_fwd_s + c.cp_comm_bwd_s
+        parts["ep_comm"] += c.ep_comm_fwd_s + c.ep_comm_bwd_s + (c.ep_comm_fwd_s if mode == "full" else 0.0)
+    return fwd, bwd, rec, parts
+
+
+def _stage_params(stage: list[Layer], plan: ParallelPlan, tied_copy: bool, embedding: Layer) -> tuple[float, float, float]:
+    """(dense params on one GPU, expert params on one GPU, largest layer) of one virtual stage."""
+    dense = expert = largest = 0.0
+    for layer in stage:
+        d = layer.params_tp / plan.tp + layer.params_replicated
+        e = layer.params_expert / (plan.ep * plan.expert_tp)
+        dense, expert, largest = dense + d, expert + e, max(largest, d + e)
+    if tied_copy:
+        dense += embedding.params_tp / plan.tp  # Megatron keeps the word embedding on the last stage too
+    return dense, expert, largest
+
+
+def _stage_activation_bytes(stage: list[Layer], plan: ParallelPlan, tokens: float) -> tuple[float, float]:
+    """(saved bytes for one microbatch, working bytes of the largest recomputed layer)."""
+    saved = work = 0.0
+    position = 0
+    sp = plan.sequence_parallel
+    for layer in stage:
+        mode = "none"
+        if layer.kind in ("dense", "moe"):
+            mode = _recompute_mode(plan, position)
+            position += 1
+        saved += memory.saved_activation_bytes(layer, tokens, plan.seq_len, plan.tp, sp, mode, plan.recompute.modules)
+        if mode != "none":
+            full = memory.saved_activation_bytes(layer, tokens, plan.seq_len, plan.tp, sp, "none")
+            work = max(work, full - memory.saved_activation_bytes(layer, tokens, plan.seq_len, plan.tp, sp, mode,
+                                                                   plan.recompute.modules))
+    return saved, work
+
+
+def _rank_memory(rank: int, chunks: list[list[Layer]], graph: ModelGraph, plan: ParallelPlan, st: _Setup,
+                 p: CostParams) -> tuple[float, dict[str, float], float, float]:
+    """(peak bytes, breakdown, dense params, expert params) of one pipeline rank."""
+    last_rank = plan.pp - 1
+    tied_copy = graph.spec.tie_embeddings and plan.pp > 1 and rank == last_rank and plan.framework == "megatron"
+    dense = expert = largest = 0.0
+    saved = []
+    work = 0.0
+    for i, chunk in enumerate(chunks):
+        d, e, big = _stage_params(chunk, plan, tied_copy and i == len(chunks) - 1, graph.layers[0])
+        dense, expert, largest = dense + d, expert + e, max(largest, big)
+        s, w = _stage_activation_bytes(chunk, plan, st.split.tokens)
+        saved.append(s)
+        work = max(work, w)
+    shard = plan.zero_shard_size or st.dp
+    states = memory.model_state_bytes(dense, plan.framework, plan.zero, shard)
+    expert_states = memory.model_state_bytes(expert, plan.framework, plan.zero, min(shard, st.edp))
+    breakdown = {k: states[k] + expert_states[k] for k in states}
+    if plan.vpp > 1:
+        inflight = memory.inflight_chunks_interleaved(plan.pp, plan.vpp, rank, st.m)
+        activations = inflight * sum(saved) / len(saved)
+    else:
+        activations = memory.inflight_microbatches_1f1b(plan.pp, rank, st.m) * saved[0]
+    breakdown["activations"] = activations + work
+    breakdown["fsdp_gathered"] = memory.fsdp_transient_bytes(dense + expert, largest, plan.framework, plan.zero)
+    allocated = sum(breakdown.values())
+    total = memory.with_overheads(allocated, p.cuda_context_bytes, p.comm_buffer_bytes, p.fragmentation)
+    breakdown["buffers_and_fragmentation"] = total - allocated
+    return total, breakdown, dense, expert
+
+
+def _dp_sync_s(dense: float, expert: float, st: _Setup, cluster: Cluster, p: CostParams,
+               plan: ParallelPlan) -> float:
+    """Gradient reduction (reduce-scatter with a sharded optimizer, all-reduce without) plus the
+    parameter all-gather of ZeRO ≥ 1, over the dense DP group and the expert DP group."""
+    g = MAIN_GRAD_BYTES[plan.framework]
+    t = 0.0
+    for params, span in ((dense, st.dp_span), (expert, st.edp_span)):
+        if span.size <= 1 or params <= 0:
+            continue
+        if plan.zero == 0:
+            t += comm.all_reduce_s(params * g, span, cluster, p)
+        else:
+            t += comm.reduce_scatter_s(params * g, span, cluster, p)
+            t += comm.all_gather_s(params * BF16_BYTES, span, cluster, p)
+    return t
+
+
+def _exposed_dp_s(sync_s: float, overlap_window_s: float, plan: ParallelPlan) -> float:
+    """With overlap, all but the last bucket hides behind the last microbatch's backward."""
+    if not plan.overlap_grad_reduce:
+        return sync_s
+    return max(sync_s / GRAD_BUCKETS, sync_s - overlap_window_s)
+
+
+def _zero3_exposed_s(dense: float, expert: float, fwd_compute_s: float, st: _Setup, cluster: Cluster,
+                     p: CostParams, plan: ParallelPlan) -> float:
+    """ZeRO-3/FSDP re-gathers weights in forward and backward of every microbatch and
+    reduce-scatters gradients in backward; prefetching hides it behind that microbatch's compute."""
+    if plan.zero < 3 or st.dp_span.size <= 1:
+        return 0.0
+    params = dense + expert
+    per_mb = 2 * comm.all_gather_s(params * BF16_BYTES, st.dp_span, cluster, p)
+    per_mb += comm.reduce_scatter_s(params * MAIN_GRAD_BYTES[plan.framework], st.dp_span, cluster, p)
+    return st.m * max(0.0, per_mb - 3.0 * fwd_compute_s)
+
+
+def _pipeline_step_s(f: list[float], b: list[float], m: int, v: int, p2p_s: float) -> tuple[float, float]:
+    """(step without p2p, p2p part) of the (interleaved) 1F1B schedule, closed form."""
+    fb = [x + y for x, y in zip(f, b)]
+    slowest = max(fb)
+    base = m * slowest + (sum(fb) - slowest) / v
+    return base, 2.0 * (len(fb) - 1) * p2p_s
+
+
+def estimate(graph: ModelGraph, cluster: Cluster, plan: ParallelPlan, p: CostParams,
+             memory_margin: float = 0.0) -> Estimate:
+    """Score one plan (assumed valid: see autopar.schema.plan.check_plan)."""
+    st = _setup(graph, cluster, plan, p)
+    stages = assign_layers(graph, plan)
+    costs = _layer_costs(stages, st, cluster, p, plan)
+    ranks = [[stages[c * plan.pp + r] for c in range(plan.vpp)] for r in range(plan.pp)]
+    f, b, rec, comm_parts, stage_rows, dp_exposed = [], [], [], [], [], 0.0
+    for r, chunks in enumerate(ranks):
+        times = [_stage_time(chunk, costs, plan) for chunk in chunks]
+        f.append(sum(t[0] for t in times))
+        b.append(sum(t[1] for t in times))
+        rec.append(sum(t[2] for t in times))
+        comm_parts.append({k: sum(t[3][k] for t in times) for k in ("tp_comm", "cp_comm", "ep_comm")})
+        mem, breakdown, dense, expert = _rank_memory(r, chunks, graph, plan, st, p)
+        sync = _dp_sync_s(dense, expert, st, cluster, p, plan)
+        slack = r * (b[-1] / plan.vpp)  # later ranks finish their last backward earlier
+        dp_exposed = max(dp_exposed, _exposed_dp_s(sync, b[-1], plan) - slack)
+        dp_exposed = max(dp_exposed, _zero3_exposed_s(dense, expert, f[-1] - sum(comm_parts[-1].values()) / 3,
+                                                      st, cluster, p, plan))
+        stage_rows.append(StageEstimate(rank=r, layers=tuple(sum(1 for x in ch if x.kind in ("dense", "moe"))
+                                                             for ch in chunks),
+                                        fwd_s=f[-1], bwd_s=b[-1], recompute_s=rec[-1], params=dense + expert,
+                                        memory_bytes=mem, memory_breakdown_bytes=breakdown))
+    p2p_bytes = st.split.tokens * graph.spec.hidden_size * BF16_BYTES / (plan.tp if plan.sequence_parallel else 1)
+    p2p_s = comm.send_recv_s(p2p_bytes, st.pp_crosses_nodes, cluster, p) if plan.pp > 1 else 0.0
+    pipe_s, pp_comm_s = _pipeline_step_s(f, b, st.m, plan.vpp, p2p_s)
+    opt_params = max(row.params / ((plan.zero_shard_size or st.dp) if plan.zero >= 1 else 1) for row in stage_rows)
+    optimizer_s = memory_bound_time_s(opt_params * OPTIMIZER_BYTES_PER_PARAM, cluster.hbm_bytes_per_s, p, kernels=4)
+    step_s = pipe_s + pp_comm_s + dp_exposed + optimizer_s
+    slow = max(range(plan.pp), key=lambda r: f[r] + b[r])
+    busy = st.m * (f[slow] + b[slow])
+    exposed = {k: st.m * v for k, v in comm_parts[slow].items()}
+    breakdown_s = {
+        "compute": busy - st.m * rec[slow] - sum(exposed.values()),
+        "recompute": st.m * rec[slow],
+        **exposed,
+        "dp_comm": dp_exposed,
+        "pp_comm": pp_comm_s,
+        "bubble": pipe_s - busy,
+        "optimizer": optimizer_s,
+    }
+    return _summarize(graph, cluster, plan, st, step_s, breakdown_s, stage_rows, rec, memory_margin)
+
+
+def _summarize(graph: ModelGraph, cluster: Cluster, plan: ParallelPlan, st: _Setup, step_s: float,
+               breakdown_s: dict[str, float], stage_rows: list[StageEstimate], rec: list[float],
+               memory_margin: float) -> Estimate:
+    n = cluster.num_gpus
+    tokens = plan.global_batch * plan.seq_len
+    model_flops = graph.model_flops_per_token(plan.seq_len, causal=True) * tokens
+    recompute_flops = _recompute_flops(graph, plan) * tokens
+    peak_row = max(stage_rows, key=lambda row: row.memory_bytes)
+    capacity = cluster.hbm_bytes
+    return Estimate(
+        step_time_s=step_s, tokens_per_s=tokens / step_s, tokens_per_s_per_gpu=tokens / step_s / n,
+        model_tflops_per_gpu=model_flops / step_s / n / 1e12,
+        hardware_tflops_per_gpu=(model_flops + recompute_flops) / step_s / n / 1e12,
+        mfu=model_flops / step_s / n / cluster.peak_flops("bf16"),
+        peak_memory_bytes=peak_row.memory_bytes, memory_capacity_bytes=capacity,
+        fits=peak_row.memory_bytes <= capacity * (1.0 - memory_margin),
+        time_breakdown_s=breakdown_s, memory_breakdown_bytes=dict(peak_row.memory_breakdown_bytes),
+        stages=tuple(stage_rows), num_microbatches=st.m, dp=st.dp,
+        notes=(MFU_NOTE,),
+    )
+
+
+def _recompute_flops(graph: ModelGraph, plan: ParallelPlan) -> float:
+    """Extra forward FLOPs per token that recomputation adds (for hardware TFLOP/s)."""
+    r = plan.recompute
+    decoders = graph.decoder_layers
+    if r.mode == "full":
+        per_stage = graph.spec.num_layers / (plan.pp * plan.vpp)
+        share = 1.0 if r.num_layers is None else min(1.0, r.num_layers / per_stage)
+        return share * sum(layer.forward_flops_per_token(plan.seq_len) for layer in decoders)
+    if r.mode == "selective" and "core_attn" in r.modules:
+        return sum(layer.attention_flops_per_token(plan.seq_len) for layer in decoders)
+    return 0.0

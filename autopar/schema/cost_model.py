@@ -1,0 +1,88 @@
+"""Boundary model of a cost-model file (cost_models/*.json): the efficiencies that turn FLOPs and
+bytes into seconds for one GPU type, with the provenance of every number.
+
+The shape model (autopar.cost.compute) is parametric: efficiency = max · Π_d d/(d + half_d), so a
+few fitted numbers cover every GEMM shape; `gemm_table`, when a profile measured one, overrides it
+by interpolation in log-shape.
+"""
+
+from __future__ import annotations
+
+from typing import Literal
+
+from pydantic import BaseModel, ConfigDict, Field
+
+_FROZEN = ConfigDict(frozen=True, extra="forbid")
+
+
+class Provenance(BaseModel):
+    model_config = _FROZEN
+
+    method: Literal["calibrated", "profiled", "derived"] = Field(..., description="How the numbers were obtained.")
+    command: str = Field(..., description="The autopar command (or script) that produced the file.")
+    date: str = Field(..., description="ISO date of production.")
+    sources: list[str] = Field(..., min_length=1, description="Data sets, papers or devices the numbers come from.")
+    notes: str = Field("", description="What the numbers leave out, and how far to trust them.")
+
+
+class ComputeEfficiency(BaseModel):
+    model_config = _FROZEN
+
+    gemm_max: float = Field(..., gt=0, le=1, description="Best fraction of dense peak a large GEMM reaches.")
+    gemm_half_dim: float = Field(..., ge=0, description="A GEMM dim of this size halves efficiency in that dim.")
+    attention_max: float = Field(..., gt=0, le=1, description="Best fraction of peak of the attention kernel.")
+    attention_half_seq: float = Field(..., ge=0, description="Sequence length at which attention efficiency halves.")
+    attention_backward_ratio: float = Field(2.5, gt=0, description="Backward/forward FLOPs of flash attention (Dao 2023).")
+    hbm_efficiency: float = Field(..., gt=0, le=1, description="Achieved fraction of HBM bandwidth by elementwise ops.")
+    kernel_overhead_us: float = Field(..., ge=0, description="Fixed launch/tail cost per kernel, microseconds.")
+    fp8_speedup: float = Field(1.0, gt=0, description="Achieved fp8 over bf16 GEMM speed-up (not the 2x peak ratio).")
+
+
+class NetworkEfficiency(BaseModel):
+    model_config = _FROZEN
+
+    intra_node: float = Field(..., gt=0, le=1, description="Achieved fraction of NVLink bandwidth by NCCL (bus bw).")
+    inter_node: float = Field(..., gt=0, le=1, description="Achieved fraction of NIC bandwidth by NCCL (bus bw).")
+    half_message_bytes: float = Field(..., ge=0, description="Message size at which bandwidth efficiency halves.")
+    tp_overlap: float = Field(0.7, ge=0, le=1, description="Fraction of TP comm hidden when --tp-comm-overlap is on.")
+    cp_overlap: float = Field(0.9, ge=0, le=1, description="Fraction of CP K/V exchange hidden behind attention.")
+
+
+class MemoryOverheads(BaseModel):
+    model_config = _FROZEN
+
+    cuda_context_gib: float = Field(..., ge=0, description="CUDA context, cuBLAS/NCCL workspaces per GPU.")
+    fragmentation: float = Field(..., ge=0, description="Allocator fragmentation as a fraction of allocated bytes.")
+    comm_buffer_gib: float = Field(..., ge=0, description="NCCL and bucket buffers per GPU.")
+
+
+class GemmPoint(BaseModel):
+    model_config = _FROZEN
+
+    m: int = Field(..., ge=1)
+    n: int = Field(..., ge=1)
+    k: int = Field(..., ge=1)
+    efficiency: float = Field(..., gt=0, le=1.2, description="Measured TFLOP/s over the dtype's dense peak.")
+
+
+class FitReport(BaseModel):
+    model_config = _FROZEN
+
+    runs_fit: int = Field(..., ge=0)
+    runs_holdout: int = Field(..., ge=0)
+    mape_fit: float | None = None
+    mape_holdout: float | None = None
+
+
+class CostModelFile(BaseModel):
+    model_config = _FROZEN
+
+    schema_version: Literal[1] = 1
+    name: str = Field(..., min_length=1)
+    gpus: list[str] = Field(..., min_length=1, description="GPU names (as in hardware profiles) it applies to.")
+    provenance: Provenance
+    compute: ComputeEfficiency
+    network: NetworkEfficiency
+    memory: MemoryOverheads
+    gemm_table: list[GemmPoint] = Field(default_factory=list, description="Profiled GEMM efficiencies, if any.")
+    fit: FitReport | None = None

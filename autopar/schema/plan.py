@@ -1,0 +1,189 @@
+"""The parallel plan: one layout of a model on a cluster, as the CLI, the plan JSON and the
+exporters name it. Axis names (tp pp dp cp ep etp vpp mbs zero sp recompute) are the same in
+every place a user sees them.
+
+Defaults follow what a Megatron-LM user gets when they say nothing: sp on with tp > 1, the
+distributed optimizer (zero 1), selective recompute of core attention, bf16, gradient-reduce and
+parameter-gather overlap on, TP communication overlap off.
+"""
+
+from __future__ import annotations
+
+from typing import Literal
+
+from pydantic import BaseModel, ConfigDict, Field, model_validator
+
+from autopar.errors import InvalidPlanError
+
+PLAN_SCHEMA_VERSION = 1
+RECOMPUTE_MODULES = ("core_attn", "layernorm", "mlp", "moe", "moe_act", "shared_experts", "mla_up_proj")
+FRAMEWORKS = ("megatron", "deepspeed", "torchtitan")
+FRAMEWORK_ZERO_STAGES = {"megatron": (0, 1), "deepspeed": (0, 1, 2, 3), "torchtitan": (0, 2, 3)}
+
+_FROZEN = ConfigDict(frozen=True, extra="forbid")
+
+
+class Recompute(BaseModel):
+    """Activation recomputation. selective: drop the listed modules' tensors (Megatron
+    --recompute-modules); full: keep only each recomputed layer's input (--recompute-granularity
+    full --recompute-method block --recompute-num-layers K, K per virtual stage; None = all)."""
+
+    model_config = _FROZEN
+
+    mode: Literal["none", "selective", "full"] = Field("selective", description="none | selective | full.")
+    modules: tuple[str, ...] = Field(("core_attn",), description="Modules recomputed under selective.")
+    num_layers: int | None = Field(None, ge=0, description="Full: layers per virtual stage recomputed; None = all.")
+
+    @model_validator(mode="after")
+    def _check(self) -> "Recompute":
+        unknown = [m for m in self.modules if m not in RECOMPUTE_MODULES]
+        if unknown:
+            raise ValueError(f"unknown recompute module(s) {unknown}; choose from {', '.join(RECOMPUTE_MODULES)}")
+        return self
+
+    def label(self) -> str:
+        if self.mode == "selective":
+            return "selective(" + "+".join(self.modules) + ")"
+        if self.mode == "full" and self.num_layers is not None:
+            return f"full({self.num_layers})"
+        return self.mode
+
+
+class ParallelPlan(BaseModel):
+    """Degrees and switches of one plan. dp is derived: gpus / (tp · pp · cp)."""
+
+    model_config = _FROZEN
+
+    tp: int = Field(1, ge=1, description="Tensor-parallel degree.")
+    pp: int = Field(1, ge=1, description="Pipeline-parallel degree.")
+    cp: int = Field(1, ge=1, description="Context-parallel degree (sequence split in attention).")
+    ep: int = Field(1, ge=1, description="Expert-parallel degree (MoE models).")
+    etp: int | None = Field(None, ge=1, description="Expert tensor-parallel degree; None = tp.")
+    vpp: int = Field(1, ge=1, description="Virtual stages per pipeline rank (interleaved 1F1B when > 1).")
+    mbs: int = Field(1, ge=1, description="Micro-batch size (sequences).")
+    global_batch: int = Field(..., ge=1, description="Global batch size (sequences).")
+    seq_len: int = Field(..., ge=1, description="Training sequence length (tokens).")
+    zero: int = Field(1, ge=0, le=3, description="ZeRO stage: 1 = Megatron distributed optimizer, 3 = FSDP full shard.")
+    zero_shard_size: int | None = Field(None, ge=1, description="Hybrid sharding group size; None = all of dp.")
+    sp: bool | None = Field(None, description="Sequence parallelism; None = on when tp > 1.")
+    recompute: Recompute = Field(default_factory=Recompute, description="Activation recomputation.")
+    precision: Literal["bf16", "fp8"] = Field("bf16", description="Compute precision of the GEMMs.")
+    overlap_grad_reduce: bool = Field(True, description="Overlap DP gradient reduction with backward.")
+    overlap_param_gather: bool = Field(True, description="Overlap ZeRO parameter all-gather with compute.")
+    tp_comm_overlap: bool = Field(False, description="Overlap TP communication with GEMMs (needs sp).")
+    framework: Literal["megatron", "deepspeed", "torchtitan"] = Field("megatron", description="Target framework.")
+    layers_per_stage: tuple[int, ...] | None = Field(
+        None, description="Decoder layers per virtual stage (pp·vpp entries, in execution order); None = "
+        "even, with any remainder taken off the first and last stages (they hold embedding and head).")
+
+    @property
+    def expert_tp(self) -> int:
+        return self.etp if self.etp is not None else self.tp
+
+    @property
+    def sequence_parallel(self) -> bool:
+        return self.tp > 1 if self.sp is None else self.sp
+
+    @property
+    def schedule(self) -> str:
+        return "interleaved" if self.vpp > 1 else "1f1b"
+
+    def model_parallel_size(self) -> int:
+        return self.tp * self.pp * self.cp
+
+    def dp_for(self, num_gpus: int) -> int:
+        return num_gpus // self.model_parallel_size()
+
+    def num_microbatches(self, num_gpus: int) -> int:
+        return self.global_batch // (self.dp_for(num_gpus) * self.mbs)
+
+    def layout(self) -> str:
+        parts = [f"tp{self.tp}", f"pp{self.pp}"]
+        if self.vpp > 1:
+            parts.append(f"v{self.vpp}")
+        if self.cp > 1:
+            parts.append(f"cp{self.cp}")
+        if self.ep > 1:
+            parts.append(f"ep{self.ep}")
+        return "·".join(parts)
+
+
+def plan_violations(plan: ParallelPlan, num_gpus: int, num_layers: int, num_heads: int, num_kv_heads: int,
+                    num_experts: int = 0, gpus_per_node: int | None = None) -> list[str]:
+    """Every broken invariant of `plan`, each naming all its factors and the fix. Empty = valid."""
+    out: list[str] = []
+    mp = plan.model_parallel_size()
+    if num_gpus % mp:
+        out.append(f"tp·pp·cp = {plan.tp}·{plan.pp}·{plan.cp} = {mp} does not divide {num_gpus} GPUs; "
+                   "pick degrees whose product divides the GPU count")
+        return out
+    dp = num_gpus // mp
+    if num_heads % plan.tp or num_kv_heads % plan.tp:
+        out.append(f"tp {plan.tp} must divide the {num_heads} attention heads and the {num_kv_heads} kv heads "
+                   "(Megatron: num_query_groups % tp == 0); use a tp that divides both")
+    if plan.global_batch % (dp * plan.mbs):
+        out.append(f"global batch {plan.global_batch} is not divisible by dp·mbs = {dp}·{plan.mbs} = {dp * plan.mbs}; "
+                   "change the global batch, the micro batch or the degrees")
+    if plan.vpp > 1 and plan.pp == 1:
+        out.append(f"vpp {plan.vpp} needs pp > 1 (interleaving splits each pipeline rank); set vpp 1 or pp > 1")
+    if num_layers % (plan.pp * plan.vpp) and plan.framework != "megatron":
+        out.append(f"{num_layers} layers do not split evenly over pp·vpp = {plan.pp}·{plan.vpp}; "
+                   f"{plan.framework} needs an even split")
+    if plan.layers_per_stage is not None and (
+            len(plan.layers_per_stage) != plan.pp * plan.vpp or sum(plan.layers_per_stage) != num_layers):
+        out.append(f"layers_per_stage {list(plan.layers_per_stage)} must have pp·vpp = {plan.pp * plan.vpp} "
+                   f"entries summing to the {num_layers} layers; fix the list or drop it")
+    if num_layers < plan.pp * plan.vpp:
+        out.append(f"{num_layers} layers are fewer than pp·vpp = {plan.pp * plan.vpp} stages; lower pp or vpp")
+    if plan.vpp > 1 and plan.global_batch % (dp * plan.mbs) == 0 and plan.num_microbatches(num_gpus) % plan.pp:
+        out.append(f"interleaving needs the number of microbatches ({plan.num_microbatches(num_gpus)}) to be a "
+                   f"multiple of pp ({plan.pp}); change the global batch or use vpp 1")
+    if plan.sp is True and plan.tp == 1:
+        out.append("sequence parallelism needs tp > 1 (Megatron ignores --sequence-parallel at tp 1); drop --sp")
+    if plan.tp_comm_overlap and not plan.sequence_parallel:
+        out.append("tp communication overlap needs sequence parallelism (Megatron: --tp-comm-overlap needs "
+                   "--sequence-parallel); enable sp or drop the overlap")
+    if plan.cp > 1 and plan.seq_len % (2 * plan.cp):
+        out.append(f"sequence length {plan.seq_len} must be divisible by 2·cp = {2 * plan.cp} "
+                   "(causal load balancing); change cp or the sequence length")
+    out += _expert_violations(plan, num_gpus, num_experts)
+    out += _framework_violations(plan, dp)
+    if gpus_per_node and plan.tp > gpus_per_node:
+        out.append(f"tp {plan.tp} exceeds the {gpus_per_node} GPUs of a node; tensor parallelism must stay in a node")
+    return out
+
+
+def _expert_violations(plan: ParallelPlan, num_gpus: int, num_experts: int) -> list[str]:
+    out = []
+    if not num_experts:
+        if plan.ep > 1 or (plan.etp is not None and plan.etp != plan.tp):
+            out.append("ep/etp are for MoE models; this model is dense, so set ep 1 and leave etp unset")
+        return out
+    if num_experts % plan.ep:
+        out.append(f"ep {plan.ep} does not divide the {num_experts} experts; use a divisor of {num_experts}")
+    expert_mp = plan.expert_tp * plan.ep * plan.pp
+    if num_gpus % expert_mp:
+        out.append(f"etp·ep·pp = {plan.expert_tp}·{plan.ep}·{plan.pp} = {expert_mp} does not divide {num_gpus} GPUs "
+                   "(Megatron's expert data-parallel group); change ep or etp")
+    return out
+
+
+def _framework_violations(plan: ParallelPlan, dp: int) -> list[str]:
+    out = []
+    stages = FRAMEWORK_ZERO_STAGES[plan.framework]
+    if plan.zero not in stages:
+        out.append(f"zero {plan.zero} is not available in {plan.framework} (it supports {stages}); pick one of those")
+    if plan.zero_shard_size is not None and (plan.zero_shard_size > dp or dp % plan.zero_shard_size):
+        out.append(f"zero shard size {plan.zero_shard_size} must divide dp {dp}; pick a divisor of {dp}")
+    if plan.framework == "deepspeed" and (plan.cp > 1 or plan.ep > 1 or plan.vpp > 1):
+        out.append("deepspeed's engine has no cp, ep or interleaved pipeline; use megatron or set cp, ep, vpp to 1")
+    if plan.framework == "deepspeed" and plan.pp > 1 and plan.zero > 1:
+        out.append("deepspeed pipeline parallelism works only with zero 0 or 1; lower zero or set pp 1")
+    return out
+
+
+def check_plan(plan: ParallelPlan, **kwargs) -> None:
+    """Raise InvalidPlanError listing every violation (see plan_violations)."""
+    problems = plan_violations(plan, **kwargs)
+    if problems:
+        raise InvalidPlanError("invalid plan: " + "; ".join(problems))

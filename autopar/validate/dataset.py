@@ -1,0 +1,677 @@
+"""Measured LLM training runs that `autopar validate` compares the cost model with.
+
+Files (cost_models/measured/, see its README.md for provenance):
+
+- ``published_runs.yaml``: 46 runs read from papers and vendor docs, each with its source,
+  ``metric_definition``, ``verified_from``, ``derived_fields`` and ``confidence``.
+- ``vtrain_ground_truth_single.csv`` (1,440 runs, 2-8 GPUs) and
+  ``vtrain_ground_truth_multi.csv`` (109 runs, 64-512 GPUs): iteration times measured by the
+  vTrain project (Bang et al., MICRO'24, arXiv:2312.12391; MIT licence, VTRAIN_LICENSE).
+
+Every run becomes one :class:`MeasuredRun` whose target is ``measured_tokens_per_s_per_gpu``.
+
+Conversion to tokens/s/GPU (never a generic formula; always the row's own metric definition)
+- narayanan21: TFLOP/s/GPU counts F = 96·B·s·l·h²·(1 + s/6h + V/16lh) per iteration (SC'21
+  Eq. 3, includes the recompute forward). step = F / (TFLOP/s·N); tokens/s/GPU = B·s/step/N.
+- korthikanti22: the Table 5 iteration time where given; the one row with only an MFU uses the
+  paper's model FLOPs 72·B·L·s·h²·(1 + s/6h + V/12hL) (Eq. 7) and the 312 TF/s peak it states.
+- megatron-readme: TFLOP/s/GPU counts Megatron-LM's num_floating_point_operations
+  12·B·s·L·h²·[(1 + g/a + s/h) + (ffn/h)·gate + V/2Lh] (the row's metric_definition). The table
+  omits ffn and kv heads; MHA with a 4h non-gated FFN is taken because 12·L·h² + 2·V·h
+  reproduces every published parameter count (and a SwiGLU 8h/3 FFN has the same FLOPs).
+- nemo-24.07, megatron-llama3-fp8: the FLOP formula is not stated, so only the printed
+  tokens/s/GPU is used.
+- vtrain-*: tokens/s/GPU = global_batch·seq_len / iteration time / GPUs.
+``measured_step_time_s`` is always filled: measured where the source gives it, otherwise the
+step time the conversion implies (B·s / (tokens/s/GPU · N)); ``conversion`` says which.
+
+Rows that cannot be converted are skipped with a reason (``load_skipped()``): the Megatron-LM
+README strong-scaling points give neither a parallel layout nor a TFLOP/s figure.
+
+Fit/holdout split (deterministic; whole groups, never single rows of one configuration)
+- published: group = (cluster, num_layers, hidden_size, ffn_hidden_size). Groups are numbered
+  0, 1, 2, ... in order of first appearance in published_runs.yaml (across sources, so the same
+  model on the same cluster in two sources lands on one side); group g is held out iff
+  g % 3 == 1. Rows appended to the file never move earlier rows.
+- vTrain, each file on its own: group = model shape (hidden_size, num_layers); shapes are
+  sorted ascending and shape i is held out iff i % k == 1 with k = 3, or k = 2 when a file has
+  fewer than six shapes. single: 8 shapes, holds out 1024x16, 2048x12, 2048x24 (540 of 1,440
+  rows); multi: 4 shapes, every third would hold out one shape (14% of rows), so every second
+  is held out: 18.4B and 175B (36 of 109 rows), so the largest model is unseen in fitting.
+
+Architecture fields (``MeasuredRun.arch``) hold what the row says; a field the row leaves
+empty is filled from the model family's convention only where the family fixes it, and its
+name is listed in ``arch["inferred"]``; otherwise it stays None (the source does not say).
+``arch["preset"]`` names the autopar preset with the same family and layer shape (layers,
+hidden, heads, kv heads, ffn); the vocabulary may differ, so use ``arch`` for numbers.
+
+vTrain hardware and precision: vTrain's GPT runs use Megatron-DeepSpeed on A100 GPUs, 8 per
+node, 800 Gb/s inter-node per node (vTrain's validation configs: inter_node_bandwidth=800,
+node_size=8). A summary of the paper's validation setup gives A100-SXM 80GB; vTrain's own
+profiler builds its model in fp16 (torch.set_default_dtype(torch.float16), 2-byte gradients),
+so the rows are recorded as fp16 on the ``vtrain-a100`` profile. The paper's own text could not
+be read here; treat precision and memory size as medium confidence.
+"""
+
+from __future__ import annotations
+
+import csv
+import functools
+import logging
+import re
+from collections.abc import Hashable, Sequence
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any, Literal
+
+import yaml
+from pydantic import BaseModel, ConfigDict, ValidationError
+
+from autopar.data import data_dir
+from autopar.errors import InputFileError, SchemaError
+from autopar.units import MS, TFLOPS
+
+logger = logging.getLogger(__name__)
+
+PUBLISHED_FILE = "published_runs.yaml"
+VTRAIN_SINGLE_FILE = "vtrain_ground_truth_single.csv"
+VTRAIN_MULTI_FILE = "vtrain_ground_truth_multi.csv"
+
+SOURCES: tuple[str, ...] = (
+    "narayanan21", "korthikanti22", "megatron-readme", "nemo-24.07", "megatron-llama3-fp8",
+    "vtrain-single", "vtrain-multi",
+)
+KNOWN_CLUSTERS: tuple[str, ...] = (
+    "dgx-a100-40gb", "dgx-a100-80gb", "dgx-h100", "hgx-h800", "dgx-h200", "dgx-b200", "vtrain-a100",
+)
+
+# Published run id prefix -> short source name (a new source must be added here on purpose).
+_ID_PREFIX_TO_SOURCE = {
+    "narayanan21_": "narayanan21",
+    "korthikanti22_": "korthikanti22",
+    "megatronlm_readme_": "megatron-readme",
+    "nemo2407_": "nemo-24.07",
+    "megatronlm_llama_example_fp8_": "megatron-llama3-fp8",
+}
+# hardware.gpu text of a published row -> autopar hardware profile.
+_GPU_TEXT_TO_CLUSTER = (
+    ("A100-SXM 80GB", "dgx-a100-80gb"),
+    ("H100", "dgx-h100"),
+)
+
+
+@dataclass(frozen=True, slots=True)
+class MeasuredRun:
+    """One measured training run, normalised for comparison with the cost model.
+
+    Degrees are 1 when the axis is absent or not applicable, None only where the source does
+    not say and the value matters (e.g. vpp of an interleaved pipeline). ``arch`` is a plain
+    dict shared by the loader's cache: treat it as read-only.
+    """
+
+    run_id: str
+    source: str
+    source_detail: str
+    arch: dict[str, Any]
+    cluster: str
+    num_gpus: int
+    seq_len: int
+    global_batch: int
+    micro_batch: int | None
+    tp: int
+    pp: int
+    dp: int
+    cp: int
+    ep: int
+    etp: int
+    vpp: int | None
+    sequence_parallel: bool | None
+    recompute: str | None
+    zero_stage: int | None
+    precision: str
+    measured_tokens_per_s_per_gpu: float
+    measured_step_time_s: float | None
+    conversion: str
+    confidence: str
+    split: str
+    notes: str = ""
+
+
+class _Unusable(Exception):
+    """A row that cannot be turned into tokens/s/GPU; str(exc) is the reason."""
+
+
+# ---------------------------------------------------------------------------------------------
+# FLOP formulas, each exactly as its source defines it.
+
+
+def narayanan21_flops_per_iteration(batch: int, seq_len: int, num_layers: int, hidden: int, vocab: int) -> float:
+    """Narayanan et al. SC'21 Eq. 3: F = 96·B·s·l·h²·(1 + s/6h + V/16lh).
+
+    GEMM FLOPs incl. the activation-recompute forward pass; attention counted non-causally;
+    ignores softmax, norms and element-wise ops.
+    """
+    b, s, l, h, v = batch, seq_len, num_layers, hidden, vocab
+    return 96 * b * s * l * h**2 * (1 + s / (6 * h) + v / (16 * l * h))
+
+
+def korthikanti22_model_flops_per_iteration(
+    batch: int, seq_len: int, num_layers: int, hidden: int, vocab: int,
+) -> float:
+    """Korthikanti et al. 2022 Eq. 7 (model FLOPs): 72·B·L·s·h²·(1 + s/6h + V/12hL).
+
+    Three passes (no recompute), GEMMs only, non-causal attention.
+    """
+    b, s, l, h, v = batch, seq_len, num_layers, hidden, vocab
+    return 72 * b * l * s * h**2 * (1 + s / (6 * h) + v / (12 * h * l))
+
+
+def megatron_flops_per_iteration(
+    batch: int, seq_len: int, num_layers: int, hidden: int, heads: int, kv_heads: int,
+    ffn_hidden: int, vocab: int, gated: bool,
+) -> float:
+    """Megatron-LM num_floating_point_operations (2024, dense, q projection = h):
+    12·B·s·L·h²·[(1 + g/a + s/h) + (ffn/h)·(1.5 if gated else 1) + V/(2Lh)].
+
+    Three passes, no recompute, non-causal attention; ignores norms and element-wise ops.
+    """
+    b, s, l, h = batch, seq_len, num_layers, hidden
+    gate = 1.5 if gated else 1.0
+    per_layer = (1 + kv_heads / heads + s / h) + (ffn_hidden / h) * gate + vocab / (2 * l * h)
+    return 12 * b * s * l * h**2 * per_layer
+
+
+def tokens_per_s_per_gpu(global_batch: int, seq_len: int, step_time_s: float, num_gpus: int) -> float:
+    """Tokens processed per second per GPU: B·s / step time / N."""
+    return global_batch * seq_len / step_time_s / num_gpus
+
+
+def step_time_from_flops_s(flops_per_iteration: float, flops_per_s_per_gpu: float, num_gpus: int) -> float:
+    """Step time implied by a per-GPU FLOP rate: F / (rate · N)."""
+    return flops_per_iteration / (flops_per_s_per_gpu * num_gpus)
+
+
+# ---------------------------------------------------------------------------------------------
+# Boundary schema of published_runs.yaml (an unknown key is an error).
+
+_FROZEN = ConfigDict(frozen=True, extra="forbid")
+
+
+class _RowSource(BaseModel):
+    model_config = _FROZEN
+    title: str
+    locator: str
+    url: str
+    version_date: str
+
+
+class _RowModel(BaseModel):
+    model_config = _FROZEN
+    name: str
+    params_b: float | None
+    num_layers: int
+    hidden_size: int
+    ffn_hidden_size: int | None
+    num_attention_heads: int
+    num_kv_heads: int | None
+    vocab_size: int | None
+    seq_length: int
+    activation: str | None
+    moe: dict[str, Any] | None
+    mla: dict[str, Any] | None
+    arch_source: str | None
+    arch_notes: str | None
+
+
+class _RowHardware(BaseModel):
+    model_config = _FROZEN
+    gpu: str
+    gpu_memory_gb: int | None
+    num_gpus: int
+    gpus_per_node: int | None
+    interconnect: str | None
+    peak_tflops_used_by_source: float | None
+
+
+class _RowParallel(BaseModel):
+    model_config = _FROZEN
+    tp: int | None
+    pp: int | None
+    dp: int | None
+    cp: int | None
+    sequence_parallel: bool | None
+    ep: int | None
+    expert_tp: int | None
+    vpp: int | None
+    pipeline_schedule: str | None
+    zero_stage: int | None
+    distributed_optimizer: bool | None
+    fsdp: bool | None
+    recompute: str | None
+    recompute_num_layers: int | None
+    micro_batch_size: int | None
+    global_batch_size: int | None
+    global_batch_tokens: int | None
+    grad_accum_steps: int | None
+    precision: str | None
+    model_parallel_size: int | None
+    other: str | None
+
+
+class _RowMetrics(BaseModel):
+    model_config = _FROZEN
+    tflops_per_gpu: float | None
+    mfu: float | None
+    hfu: float | None
+    pct_of_peak: float | None
+    tokens_per_sec_per_gpu: float | None
+    tokens_per_sec_total: float | None
+    step_time_s: float | None
+    aggregate_pflops: float | None
+    memory_gib: float | None
+    other: str | None
+
+
+class _Row(BaseModel):
+    model_config = _FROZEN
+    id: str
+    kind: str
+    source: _RowSource
+    model: _RowModel
+    hardware: _RowHardware
+    parallel: _RowParallel
+    metrics: _RowMetrics
+    metric_definition: str
+    verified_from: str
+    derived_fields: list[str]
+    recipe_context: str | None
+    other_measurements: str | None
+    confidence: Literal["high", "medium", "low"]
+    notes: str | None
+
+
+class _PublishedFile(BaseModel):
+    model_config = _FROZEN
+    schema_version: Literal[1]
+    title: str
+    compiled: str
+    conventions: dict[str, str]
+    runs: list[_Row]
+
+
+# ---------------------------------------------------------------------------------------------
+# Published runs: row -> MeasuredRun fields.
+
+
+@dataclass(frozen=True, slots=True)
+class _Throughput:
+    tokens_per_s_per_gpu: float
+    step_time_s: float
+    conversion: str
+
+
+def _source_of(run_id: str) -> str:
+    for prefix, source in _ID_PREFIX_TO_SOURCE.items():
+        if run_id.startswith(prefix):
+            return source
+    raise SchemaError(f"published run {run_id!r} has no known source prefix; add it to _ID_PREFIX_TO_SOURCE")
+
+
+def _cluster_of(row: _Row) -> str:
+    for text, cluster in _GPU_TEXT_TO_CLUSTER:
+        if text in row.hardware.gpu:
+            return cluster
+    raise SchemaError(f"published run {row.id!r}: GPU {row.hardware.gpu!r} maps to no hardware profile")
+
+
+def _family(model_name: str) -> str:
+    """Model family from its name: llama3, llama2, nemotron, else gpt."""
+    name = re.sub(r"[\s_-]", "", model_name.lower())
+    for family in ("llama3", "llama2", "nemotron"):
+        if family in name:
+            return family
+    return "gpt"
+
+
+def _parsed_activation(text: str | None) -> str | None:
+    if text is None:
+        return None
+    lowered = text.lower()
+    if "swiglu" in lowered:
+        return "swiglu"
+    if "gelu" in lowered:
+        return "gelu"
+    raise SchemaError(f"activation {text!r} is neither GeLU nor SwiGLU; extend _parsed_activation")
+
+
+def _family_defaults(source: str, family: str, model: _RowModel) -> dict[str, Any]:
+    """Architecture fields a family fixes, used only where the row leaves them empty."""
+    h, heads = model.hidden_size, model.num_attention_heads
+    if source in ("narayanan21", "korthikanti22"):  # Megatron-LM GPT of the SC'21/'22 scripts
+        return {"activation": "gelu", "normalization": "layernorm", "position_embedding": "learned",
+                "tie_embeddings": True}
+    if source == "megatron-readme":  # 12·L·h² + 2·V·h matches every published parameter count
+        return {"num_kv_heads": heads, "ffn_hidden_size": 4 * h, "activation": "gelu", "tie_embeddings": False}
+    if family in ("llama2", "llama3"):
+        return {"activation": "swiglu", "normalization": "rmsnorm", "position_embedding": "rope",
+                "tie_embeddings": False}
+    if family == "gpt" and model.ffn_hidden_size == 4 * h:  # NeMo GPT3: MHA, non-gated 4h FFN
+        return {"num_kv_heads": heads, "activation": "gelu"}
+    return {}
+
+
+def _published_arch(row: _Row, source: str) -> dict[str, Any]:
+    model = row.model
+    arch: dict[str, Any] = {
+        "num_layers": model.num_layers, "hidden_size": model.hidden_size,
+        "num_attention_heads": model.num_attention_heads, "num_kv_heads": model.num_kv_heads,
+        "ffn_hidden_size": model.ffn_hidden_size, "vocab_size": model.vocab_size,
+        "activation": _parsed_activation(model.activation), "normalization": None,
+        "position_embedding": None, "tie_embeddings": None, "moe": model.moe, "mla": model.mla,
+    }
+    family = _family(model.name)
+    inferred = []
+    for key, value in _family_defaults(source, family, model).items():
+        if arch[key] is None:
+            arch[key] = value
+            inferred.append(key)
+    arch["inferred"] = tuple(inferred)
+    arch["preset"] = _preset_for(family, arch)
+    return arch
+
+
+@functools.lru_cache(maxsize=1)
+def _preset_shapes() -> dict[tuple, str]:
+    """(family, layers, hidden, heads, kv heads, ffn) -> preset name, for every dense preset."""
+    from autopar.model.presets import PRESET_NAMES, preset
+
+    shapes = {}
+    for name in PRESET_NAMES:
+        spec = preset(name)
+        if spec.moe is not None or spec.mla is not None:
+            continue
+        family = "gpt" if name.startswith("gpt") else _family(name)
+        key = (family, spec.num_layers, spec.hidden_size, spec.num_attention_heads, spec.kv_heads,
+               spec.ffn_hidden_size)
+        shapes[key] = name
+    return shapes
+
+
+def _preset_for(family: str, arch: dict[str, Any]) -> str | None:
+    if arch["moe"] is not None or arch["mla"] is not None:
+        return None
+    heads = arch["num_attention_heads"]
+    key = (family, arch["num_layers"], arch["hidden_size"], heads, arch["num_kv_heads"] or heads,
+           arch["ffn_hidden_size"])
+    return _preset_shapes().get(key)
+
+
+def _precision(text: str | None) -> tuple[str, str]:
+    """(precision, note). 16-bit runs that do not say fp16 or bf16 are recorded as bf16."""
+    lowered = (text or "").lower()
+    if "fp8" in lowered:
+        return "fp8", ""
+    if "fp16" in lowered and "bf16" not in lowered:
+        return "fp16", ""
+    if "bf16" in lowered and "fp16" not in lowered:
+        return "bf16", ""
+    why = "not stated" if text is None else f"{text!r}"
+    return "bf16", f"precision {why}: recorded as bf16 (fp16 has the same peak and bytes)"
+
+
+def _recompute(text: str | None) -> str | None:
+    if text is None:
+        return None
+    for kind in ("none", "selective", "full"):
+        if text.lower().startswith(kind):
+            return kind
+    raise SchemaError(f"recompute {text!r} is not none/selective/full; extend _recompute")
+
+
+def _zero_stage(parallel: _RowParallel) -> tuple[int | None, str]:
+    if parallel.zero_stage is not None:
+        return parallel.zero_stage, ""
+    if parallel.distributed_optimizer is not None:
+        return int(parallel.distributed_optimizer), ""
+    if parallel.other and "--overlap-param-gather" in parallel.other:
+        return 1, "zero_stage=1 inferred: --overlap-param-gather needs Megatron's distributed optimizer"
+    return None, ""
+
+
+def _degrees(row: _Row) -> dict[str, int | None]:
+    """tp, pp, dp, cp, ep, etp, vpp with 1 for absent axes; checks tp·pp·dp·cp = GPUs."""
+    par, gpus = row.parallel, row.hardware.num_gpus
+    if None in (par.tp, par.pp, par.dp):
+        raise _Unusable(f"parallel layout not stated (tp={par.tp}, pp={par.pp}, dp={par.dp})")
+    cp = par.cp if par.cp is not None else 1
+    if par.tp * par.pp * par.dp * cp != gpus:
+        raise SchemaError(
+            f"published run {row.id!r}: tp {par.tp} x pp {par.pp} x dp {par.dp} x cp {cp} != {gpus} GPUs"
+        )
+    vpp = 1 if par.pp == 1 else par.vpp
+    return {"tp": par.tp, "pp": par.pp, "dp": par.dp, "cp": cp, "ep": par.ep or 1,
+            "etp": par.expert_tp or 1, "vpp": vpp}
+
+
+def _from_step_time(row: _Row, step_time_s: float, how: str) -> _Throughput:
+    b, s, n = row.parallel.global_batch_size, row.model.seq_length, row.hardware.num_gpus
+    tps = tokens_per_s_per_gpu(b, s, step_time_s, n)
+    return _Throughput(tps, step_time_s, f"{how}; tokens/s/GPU = B·s/step/N (B={b}, s={s}, N={n})")
+
+
+def _from_printed_tokens(row: _Row, label: str) -> _Throughput:
+    tps = row.metrics.tokens_per_sec_per_gpu
+    if tps is None:
+        raise _Unusable(f"{label}: FLOP formula not stated and no tokens/s/GPU or step time printed")
+    b, s, n = row.parallel.global_batch_size, row.model.seq_length, row.hardware.num_gpus
+    step = b * s / (tps * n)
+    return _Throughput(float(tps), step, f"tokens/s/GPU {tps:g} as printed ({label}); step = B·s/(tokens/s/GPU·N)")
+
+
+def _convert_narayanan21(row: _Row, arch: dict[str, Any]) -> _Throughput:
+    tflops, vocab = row.metrics.tflops_per_gpu, arch["vocab_size"]
+    if tflops is None or vocab is None:
+        raise _Unusable("Narayanan'21 row without TFLOP/s/GPU or vocabulary size")
+    b, s, l, h = row.parallel.global_batch_size, row.model.seq_length, arch["num_layers"], arch["hidden_size"]
+    flops = narayanan21_flops_per_iteration(b, s, l, h, vocab)
+    step = step_time_from_flops_s(flops, tflops * TFLOPS, row.hardware.num_gpus)
+    how = (f"TFLOP/s/GPU {tflops:g} -> step = 96·B·s·l·h²(1+s/6h+V/16lh)/(TFLOP/s·N) per Narayanan'21 Eq. 3 "
+           f"(l={l}, h={h}, V={vocab})")
+    return _from_step_time(row, step, how)
+
+
+def _convert_korthikanti22(row: _Row, arch: dict[str, Any]) -> _Throughput:
+    if row.metrics.step_time_s is not None:
+        return _from_step_time(row, row.metrics.step_time_s, f"iteration time {row.metrics.step_time_s:g} s as printed")
+    mfu, peak, vocab = row.metrics.mfu, row.hardware.peak_tflops_used_by_source, arch["vocab_size"]
+    if mfu is None or peak is None or vocab is None:
+        raise _Unusable("Korthikanti'22 row without iteration time, and without MFU, peak or vocabulary")
+    b, s, l, h = row.parallel.global_batch_size, row.model.seq_length, arch["num_layers"], arch["hidden_size"]
+    flops = korthikanti22_model_flops_per_iteration(b, s, l, h, vocab)
+    step = step_time_from_flops_s(flops, mfu * peak * TFLOPS, row.hardware.num_gpus)
+    how = (f"MFU {mfu:g} -> step = 72·B·L·s·h²(1+s/6h+V/12hL)/(MFU·{peak:g} TF/s·N) per Korthikanti'22 Eq. 7 "
+           f"(L={l}, h={h}, V={vocab})")
+    return _from_step_time(row, step, how)
+
+
+def _convert_megatron_readme(row: _Row, arch: dict[str, Any]) -> _Throughput:
+    tflops = row.metrics.tflops_per_gpu
+    if tflops is None:
+        raise _Unusable("Megatron-LM README row without TFLOP/s/GPU (MFU only, peak not stated)")
+    b, s, l, h = row.parallel.global_batch_size, row.model.seq_length, arch["num_layers"], arch["hidden_size"]
+    a, g, ffn, v = arch["num_attention_heads"], arch["num_kv_heads"], arch["ffn_hidden_size"], arch["vocab_size"]
+    flops = megatron_flops_per_iteration(b, s, l, h, a, g, ffn, v, gated=arch["activation"] == "swiglu")
+    step = step_time_from_flops_s(flops, tflops * TFLOPS, row.hardware.num_gpus)
+    how = (f"TFLOP/s/GPU {tflops:g} -> step = 12·B·s·L·h²[(1+g/a+s/h)+ffn/h+V/2Lh]/(TFLOP/s·N) per Megatron-LM "
+           f"num_floating_point_operations (L={l}, h={h}, g/a={g}/{a}, ffn={ffn} inferred, V={v})")
+    return _from_step_time(row, step, how)
+
+
+_CONVERTERS = {
+    "narayanan21": _convert_narayanan21,
+    "korthikanti22": _convert_korthikanti22,
+    "megatron-readme": _convert_megatron_readme,
+    "nemo-24.07": lambda row, arch: _from_printed_tokens(row, "NeMo 24.07 performance summary"),
+    "megatron-llama3-fp8": lambda row, arch: _from_printed_tokens(row, "Megatron-LM examples/llama FP8 table"),
+}
+
+
+def _published_fields(row: _Row) -> dict[str, Any]:
+    """MeasuredRun fields of one published row (all but split); _Unusable if it cannot convert."""
+    source = _source_of(row.id)
+    degrees = _degrees(row)
+    arch = _published_arch(row, source)
+    throughput = _CONVERTERS[source](row, arch)
+    precision, precision_note = _precision(row.parallel.precision)
+    zero_stage, zero_note = _zero_stage(row.parallel)
+    notes = "; ".join(n for n in (precision_note, zero_note, row.notes or "") if n)
+    return {
+        "run_id": row.id, "source": source, "source_detail": f"{row.source.title} — {row.source.locator}",
+        "arch": arch, "cluster": _cluster_of(row), "num_gpus": row.hardware.num_gpus,
+        "seq_len": row.model.seq_length, "global_batch": row.parallel.global_batch_size,
+        "micro_batch": row.parallel.micro_batch_size, **degrees,
+        "sequence_parallel": row.parallel.sequence_parallel, "recompute": _recompute(row.parallel.recompute),
+        "zero_stage": zero_stage, "precision": precision,
+        "measured_tokens_per_s_per_gpu": throughput.tokens_per_s_per_gpu,
+        "measured_step_time_s": throughput.step_time_s, "conversion": throughput.conversion,
+        "confidence": row.confidence, "notes": notes,
+    }
+
+
+def _read_published(path: Path) -> list[_Row]:
+    try:
+        raw = yaml.safe_load(path.read_text(encoding="utf-8"))
+    except (OSError, yaml.YAMLError) as exc:
+        raise InputFileError(f"cannot read {path}: {exc}; reinstall autopar") from exc
+    try:
+        return _PublishedFile.model_validate(raw).runs
+    except ValidationError as exc:
+        raise SchemaError(f"{path} breaks its schema: {exc.errors()[0]}") from exc
+
+
+def _published_group(fields: dict[str, Any]) -> Hashable:
+    arch = fields["arch"]
+    return (fields["cluster"], arch["num_layers"], arch["hidden_size"], arch["ffn_hidden_size"])
+
+
+def _load_published(path: Path) -> tuple[list[MeasuredRun], list[tuple[str, str]]]:
+    loaded, skipped = [], []
+    for row in _read_published(path):
+        try:
+            loaded.append(_published_fields(row))
+        except _Unusable as exc:
+            logger.info("measured run %s skipped: %s", row.id, exc)
+            skipped.append((row.id, str(exc)))
+    keys = [_published_group(fields) for fields in loaded]
+    splits = _holdout_every(keys, list(dict.fromkeys(keys)), stride=3)
+    return [MeasuredRun(**fields, split=split) for fields, split in zip(loaded, splits)], skipped
+
+
+# ---------------------------------------------------------------------------------------------
+# vTrain CSVs.
+
+_VTRAIN_COLUMNS = (
+    "# GPUs", "global batch", "micro batch", "hidden size", "attention heads", "# layers",
+    "sequence length", "tensor parallelism", "data parallelism", "pipeline parallelism", "iteration time (ms)",
+)
+_VTRAIN_VOCAB = 50257  # vTrainConfig default vocab_size (GPT-2 BPE)
+_VTRAIN_DETAIL = "vTrain (Bang et al., MICRO'24, arXiv:2312.12391) measured iteration times"
+_VTRAIN_INFERRED = ("num_kv_heads", "ffn_hidden_size", "vocab_size", "activation", "normalization",
+                    "position_embedding", "tie_embeddings")
+_VTRAIN_NOTES = ("fp16 per vTrain's profiler; A100-SXM 80GB per a summary of the paper; sequence_parallel=False "
+                 "and zero_stage=0 as vTrain models them (all-reduce TP, plain DDP gradient all-reduce)")
+
+
+def _read_vtrain(path: Path) -> list[dict[str, str]]:
+    try:
+        with path.open(encoding="utf-8-sig", newline="") as handle:  # the files start with a BOM
+            reader = csv.DictReader(handle)
+            rows = list(reader)
+            header = tuple(reader.fieldnames or ())
+    except OSError as exc:
+        raise InputFileError(f"cannot read {path}: {exc}; reinstall autopar") from exc
+    missing = [column for column in _VTRAIN_COLUMNS if column not in header]
+    extra = [column for column in header if column not in _VTRAIN_COLUMNS and column != "Parameters (billion)"]
+    if missing or extra:
+        raise SchemaError(f"{path}: columns missing {missing}, unexpected {extra}")
+    return rows
+
+
+def _vtrain_arch(layers: int, hidden: int, heads: int) -> dict[str, Any]:
+    arch = {
+        "num_layers": layers, "hidden_size": hidden, "num_attention_heads": heads, "num_kv_heads": heads,
+        "ffn_hidden_size": 4 * hidden, "vocab_size": _VTRAIN_VOCAB, "activation": "gelu",
+        "normalization": "layernorm", "position_embedding": "learned", "tie_embeddings": True,
+        "moe": None, "mla": None, "inferred": _VTRAIN_INFERRED,
+    }
+    arch["preset"] = _preset_for("gpt", arch)
+    return arch
+
+
+def _vtrain_fields(row: dict[str, str], run_id: str, source: str, detail: str) -> dict[str, Any]:
+    n, b, mb = int(row["# GPUs"]), int(row["global batch"]), int(row["micro batch"])
+    s, ms = int(row["sequence length"]), float(row["iteration time (ms)"])
+    tp, dp, pp = int(row["tensor parallelism"]), int(row["data parallelism"]), int(row["pipeline parallelism"])
+    if tp * dp * pp != n:
+        raise SchemaError(f"vTrain {run_id}: tp {tp} x dp {dp} x pp {pp} != {n} GPUs")
+    step = ms * MS
+    arch = _vtrain_arch(int(row["# layers"]), int(row["hidden size"]), int(row["attention heads"]))
+    return {
+        "run_id": run_id, "source": source, "source_detail": detail, "arch": arch, "cluster": "vtrain-a100",
+        "num_gpus": n, "seq_len": s, "global_batch": b, "micro_batch": mb, "tp": tp, "pp": pp, "dp": dp,
+        "cp": 1, "ep": 1, "etp": 1, "vpp": 1, "sequence_parallel": False, "recompute": "full", "zero_stage": 0,
+        "precision": "fp16", "measured_tokens_per_s_per_gpu": tokens_per_s_per_gpu(b, s, step, n),
+        "measured_step_time_s": step, "conversion": f"B·s / iteration time {ms:g} ms / N (B={b}, s={s}, N={n})",
+        "confidence": "high", "notes": _VTRAIN_NOTES,
+    }
+
+
+def _load_vtrain(path: Path, source: str) -> list[MeasuredRun]:
+    prefix = source.replace("-", "_")
+    detail = f"{_VTRAIN_DETAIL}, {path.name}"
+    fields = [
+        _vtrain_fields(row, f"{prefix}_{i:04d}", source, f"{detail} data row {i}")
+        for i, row in enumerate(_read_vtrain(path), start=1)
+    ]
+    keys = [(f["arch"]["hidden_size"], f["arch"]["num_layers"]) for f in fields]
+    shapes = sorted(set(keys))
+    splits = _holdout_every(keys, shapes, stride=3 if len(shapes) >= 6 else 2)
+    return [MeasuredRun(**f, split=split) for f, split in zip(fields, splits)]
+
+
+# ---------------------------------------------------------------------------------------------
+# Split and public API.
+
+
+def _holdout_every(keys: Sequence[Hashable], order: Sequence[Hashable], stride: int) -> list[str]:
+    """Split per row: the group at position g of `order` is held out iff g % stride == 1."""
+    position = {key: g for g, key in enumerate(order)}
+    return ["holdout" if position[key] % stride == 1 else "fit" for key in keys]
+
+
+def measured_dir() -> Path:
+    """The shipped folder of measured runs (cost_models/measured)."""
+    return data_dir("cost_models") / "measured"
+
+
+@functools.lru_cache(maxsize=1)
+def _load_all() -> tuple[tuple[MeasuredRun, ...], tuple[tuple[str, str], ...]]:
+    folder = measured_dir()
+    published, skipped = _load_published(folder / PUBLISHED_FILE)
+    single = _load_vtrain(folder / VTRAIN_SINGLE_FILE, "vtrain-single")
+    multi = _load_vtrain(folder / VTRAIN_MULTI_FILE, "vtrain-multi")
+    return tuple(published + single + multi), tuple(skipped)
+
+
+def load_runs(sources: set[str] | None = None) -> list[MeasuredRun]:
+    """Every usable measured run, or those of `sources` (names in SOURCES), in file order."""
+    unknown = sorted(set(sources or ()) - set(SOURCES))
+    if unknown:
+        raise SchemaError(f"unknown measured-run source(s) {', '.join(unknown)}; choose from {', '.join(SOURCES)}")
+    runs, _ = _load_all()
+    return [run for run in runs if sources is None or run.source in sources]
+
+
+def load_skipped() -> list[tuple[str, str]]:
+    """(run_id, reason) for each published row that could not be converted to tokens/s/GPU."""
+    return list(_load_all()[1])
