@@ -17,7 +17,7 @@ from autopar.cost.params import CostParams, cost_model_for_gpu, load_cost_model
 from autopar.cost.step import Estimate, estimate
 from autopar.errors import InvalidPlanError
 from autopar.hardware import Cluster, list_clusters, load_cluster, load_profile
-from autopar.model import PRESET_NAMES, ModelGraph, load_model
+from autopar.model import PRESET_NAMES, ModelGraph, load_model  # noqa: F401 (load_model re-exported)
 from autopar.schema import one_line
 from autopar.schema.plan import ParallelPlan, check_plan
 

@@ -1,0 +1,151 @@
+"""The `autopar` command line: parse, call autopar.api, render (Rich table or --json).
+
+Every AutoparError becomes one line on stderr and exit code 2; no traceback reaches a user.
+"""
+
+from __future__ import annotations
+
+import json
+import sys
+from typing import Annotated, Any, Callable, Optional
+
+import typer
+from rich.console import Console
+
+from autopar import api
+from autopar.errors import AutoparError
+from autopar.report import tables
+
+app = typer.Typer(add_completion=False, no_args_is_help=True, pretty_exceptions_enable=False,
+                  help="autopar: plan how to split an LLM over GPUs, before a GPU is touched.")
+out = Console(highlight=False)
+err = Console(stderr=True, highlight=False)
+
+ModelArg = Annotated[str, typer.Argument(help="A preset name (see `autopar models`), a Hugging Face config.json, or a YAML layer-graph file.")]
+ClusterOpt = Annotated[str, typer.Option("--cluster", "-c", help="A cluster profile name (see `autopar clusters`) or a YAML file.")]
+GpusOpt = Annotated[int, typer.Option("--gpus", "-n", help="Number of GPUs; must fill whole nodes unless it is less than one node.")]
+SeqOpt = Annotated[Optional[int], typer.Option("--seq-len", "-s", help="Sequence length in tokens; default: the model's.")]
+JsonOpt = Annotated[bool, typer.Option("--json", help="Print machine-readable JSON instead of tables.")]
+CostModelOpt = Annotated[Optional[str], typer.Option("--cost-model", help="A shipped cost model name or a cost-model JSON file; default: the one for the cluster's GPU.")]
+
+
+def _run(fn: Callable[[], Any]) -> Any:
+    """Call fn; map domain errors to one line and exit code 2."""
+    try:
+        return fn()
+    except AutoparError as exc:
+        err.print(f"[bold red]error:[/] {exc}", soft_wrap=True)
+        raise typer.Exit(2)
+
+
+def _emit_json(data: Any) -> None:
+    sys.stdout.write(json.dumps(data, indent=2, sort_keys=False, default=_json_default) + "\n")
+
+
+def _json_default(obj: Any) -> Any:
+    if isinstance(obj, (set, frozenset, tuple)):
+        return list(obj)
+    raise TypeError(f"not JSON serializable: {type(obj).__name__}")
+
+
+@app.command()
+def models(as_json: JsonOpt = False) -> None:
+    """List the model presets."""
+    rows = _run(api.models)
+    if as_json:
+        _emit_json({"models": rows})
+    else:
+        out.print(tables.models_table(rows))
+
+
+@app.command()
+def clusters(as_json: JsonOpt = False) -> None:
+    """List the shipped cluster profiles."""
+    rows = _run(api.clusters)
+    if as_json:
+        _emit_json({"clusters": rows})
+    else:
+        out.print(tables.clusters_table(rows))
+
+
+@app.command()
+def inspect(
+    model: ModelArg,
+    seq_len: SeqOpt = None,
+    dp: Annotated[int, typer.Option("--dp", min=1, help="Data-parallel degree used to shard model states under ZeRO.")] = 1,
+    framework: Annotated[str, typer.Option("--framework", help="Whose byte counts to use for model states: megatron, deepspeed or torchtitan.")] = "megatron",
+    as_json: JsonOpt = False,
+) -> None:
+    """Show a model's parameters, FLOPs per token, model-state memory by ZeRO stage and activations."""
+    _check_choice(framework, ("megatron", "deepspeed", "torchtitan"), "--framework")
+    info = _run(lambda: api.inspect(model, seq_len, dp, framework))
+    if as_json:
+        _emit_json(info)
+    else:
+        tables.print_inspect(out, info)
+
+
+def _check_choice(value: str, choices: tuple[str, ...], option: str) -> None:
+    if value not in choices:
+        err.print(f"[bold red]error:[/] {option} {value!r} is not one of {', '.join(choices)}; pick one of them")
+        raise typer.Exit(2)
+
+
+RecomputeOpt = Annotated[str, typer.Option("--recompute", help="Activation recomputation: none, selective or full.")]
+
+
+@app.command()
+def estimate(
+    model: ModelArg,
+    cluster: ClusterOpt,
+    gpus: GpusOpt,
+    global_batch: Annotated[int, typer.Option("--global-batch", "-b", help="Global batch size in sequences.")],
+    seq_len: SeqOpt = None,
+    tp: Annotated[int, typer.Option("--tp", help="Tensor-parallel degree.")] = 1,
+    pp: Annotated[int, typer.Option("--pp", help="Pipeline-parallel degree.")] = 1,
+    cp: Annotated[int, typer.Option("--cp", help="Context-parallel degree.")] = 1,
+    ep: Annotated[int, typer.Option("--ep", help="Expert-parallel degree (MoE models).")] = 1,
+    etp: Annotated[Optional[int], typer.Option("--etp", help="Expert tensor-parallel degree; default: tp.")] = None,
+    vpp: Annotated[int, typer.Option("--vpp", help="Virtual stages per pipeline rank (interleaved 1F1B when > 1).")] = 1,
+    mbs: Annotated[int, typer.Option("--mbs", help="Micro-batch size in sequences.")] = 1,
+    zero: Annotated[Optional[int], typer.Option("--zero", help="ZeRO stage 0-3; default: 1 (Megatron distributed optimizer), 3 for torchtitan.")] = None,
+    sp: Annotated[Optional[bool], typer.Option("--sp/--no-sp", help="Sequence parallelism; default: on when tp > 1.")] = None,
+    recompute: RecomputeOpt = "selective",
+    recompute_layers: Annotated[Optional[int], typer.Option("--recompute-layers", help="With --recompute full: layers per virtual stage recomputed; default: all.")] = None,
+    recompute_modules: Annotated[str, typer.Option("--recompute-modules", help="With --recompute selective: comma-separated modules (core_attn, mlp, layernorm, moe, moe_act, shared_experts, mla_up_proj).")] = "core_attn",
+    precision: Annotated[str, typer.Option("--precision", help="bf16 or fp8.")] = "bf16",
+    framework: Annotated[str, typer.Option("--framework", help="megatron, deepspeed or torchtitan: whose memory layout and limits apply.")] = "megatron",
+    tp_comm_overlap: Annotated[bool, typer.Option("--tp-comm-overlap/--no-tp-comm-overlap", help="Overlap TP communication with GEMMs (needs sp).")] = False,
+    memory_margin: Annotated[float, typer.Option("--memory-margin", min=0.0, max=0.9, help="Fraction of HBM kept free when deciding whether the plan fits.")] = 0.0,
+    cost_model: CostModelOpt = None,
+    as_json: JsonOpt = False,
+) -> None:
+    """Predict step time, throughput, MFU and per-stage memory of one plan."""
+    _check_choice(recompute, ("none", "selective", "full"), "--recompute")
+    _check_choice(precision, ("bf16", "fp8"), "--precision")
+    _check_choice(framework, ("megatron", "deepspeed", "torchtitan"), "--framework")
+
+    def run():
+        seq = seq_len or api.load_model(model).spec.seq_length
+        plan = api.make_plan(
+            tp=tp, pp=pp, cp=cp, ep=ep, etp=etp, vpp=vpp, mbs=mbs, global_batch=global_batch, seq_len=seq,
+            zero=zero if zero is not None else (3 if framework == "torchtitan" else 1), sp=sp,
+            recompute={"mode": recompute, "modules": tuple(m for m in recompute_modules.split(",") if m),
+                       "num_layers": recompute_layers},
+            precision=precision, framework=framework, tp_comm_overlap=tp_comm_overlap)
+        return plan, api.estimate_plan(model, cluster, gpus, plan, cost_model, memory_margin)
+
+    plan, est = _run(run)
+    if as_json:
+        _emit_json({"parallel": api.plan_to_dict(plan, gpus), **api.estimate_to_dict(est)})
+    else:
+        tables.print_estimate(out, plan, est)
+
+
+def main() -> None:
+    """Console-script entry point."""
+    try:
+        app(standalone_mode=True)
+    except KeyboardInterrupt:
+        err.print("interrupted")
+        sys.exit(130)

@@ -1,0 +1,97 @@
+"""Rich tables for the CLI. Pure rendering: every number comes from autopar.api."""
+
+from __future__ import annotations
+
+from typing import Any
+
+from rich.console import Console
+from rich.table import Table
+
+from autopar.units import GiB
+
+
+def human_count(n: float) -> str:
+    for unit, scale in (("T", 1e12), ("B", 1e9), ("M", 1e6), ("K", 1e3)):
+        if abs(n) >= scale:
+            return f"{n / scale:.2f}{unit}"
+    return f"{n:.0f}"
+
+
+def gib(n: float) -> str:
+    return f"{n / GiB:.1f} GiB"
+
+
+def seconds(t: float) -> str:
+    if t >= 1:
+        return f"{t:.3f} s"
+    return f"{t * 1e3:.1f} ms"
+
+
+def models_table(rows: list[dict[str, Any]]) -> Table:
+    t = Table(title="Model presets")
+    for col in ("name", "params", "active", "layers", "hidden", "source"):
+        t.add_column(col, justify="right" if col in ("params", "active", "layers", "hidden") else "left")
+    for r in rows:
+        t.add_row(r["name"], human_count(r["total_params"]), human_count(r["active_params"]), str(r["layers"]),
+                  str(r["hidden_size"]), r["source"])
+    return t
+
+
+def clusters_table(rows: list[dict[str, Any]]) -> Table:
+    t = Table(title="Cluster profiles")
+    for col in ("name", "gpu", "gpus/node", "bf16 TFLOP/s", "HBM", "NVLink GB/s", "network"):
+        t.add_column(col)
+    for r in rows:
+        t.add_row(r["name"], r["gpu"], str(r["gpus_per_node"]), f"{r['bf16_tflops']:g}", f"{r['hbm_gib']:g} GiB",
+                  f"{r['nvlink_gb_per_s']:g}", r["network"])
+    return t
+
+
+def print_inspect(console: Console, info: dict[str, Any]) -> None:
+    console.print(f"[bold]{info['model']}[/]  ({info['source']})")
+    console.print(f"total parameters  {info['total_params']:,}   active per token  {info['active_params']:,}")
+    console.print(f"training FLOPs per token at seq {info['seq_len']}: {info['flops_per_token']:.4g} "
+                  f"(6N = {info['flops_per_token_6n']:.4g} + causal attention {info['attention_flops_per_token']:.4g})")
+    t = Table(title="Layers")
+    for col in ("layer", "count", "params", "active", "fwd matmul FLOP/token", "fwd attention FLOP/token",
+                "activation bytes/token"):
+        t.add_column(col, justify="right" if col != "layer" else "left")
+    for r in info["layers"]:
+        f = r["forward_flops_per_token"]
+        t.add_row(r["name"], str(r["count"]), human_count(r["params"]), human_count(r["active_params"]),
+                  f"{f['matmul']:.4g}", f"{f['attention']:.4g}", f"{r['activation_bytes_per_token']:,.0f}")
+    console.print(t)
+    z = Table(title=f"Model states per GPU ({info['framework']} bytes, dp {info['dp']}, no tp/pp split)")
+    for stage in info["model_state_bytes_per_gpu_by_zero"]:
+        z.add_column(f"ZeRO {stage}", justify="right")
+    z.add_row(*(gib(v) for v in info["model_state_bytes_per_gpu_by_zero"].values()))
+    console.print(z)
+
+
+def print_estimate(console: Console, plan, est) -> None:
+    console.print(f"[bold]{plan.layout()}[/] dp{est.dp} mbs {plan.mbs} · {est.num_microbatches} microbatches · "
+                  f"zero {plan.zero} · recompute {plan.recompute.label()} · {plan.precision} · {plan.framework}")
+    fits = "[green]fits[/]" if est.fits else "[bold red]does NOT fit[/]"
+    console.print(f"step {seconds(est.step_time_s)}   {est.tokens_per_s:,.0f} tokens/s   "
+                  f"{est.tokens_per_s_per_gpu:,.1f} tokens/s/GPU   MFU {est.mfu:.1%}")
+    console.print(f"model {est.model_tflops_per_gpu:.1f} TFLOP/s/GPU, hardware (with recompute) "
+                  f"{est.hardware_tflops_per_gpu:.1f} TFLOP/s/GPU   peak memory {gib(est.peak_memory_bytes)} of "
+                  f"{gib(est.memory_capacity_bytes)}: {fits}")
+    t = Table(title="Time per step (bottleneck pipeline rank)")
+    t.add_column("term")
+    t.add_column("seconds", justify="right")
+    t.add_column("share", justify="right")
+    for k, v in est.time_breakdown_s.items():
+        t.add_row(k.replace("_", " "), f"{v:.3f}", f"{v / est.step_time_s:.1%}")
+    console.print(t)
+    s = Table(title="Pipeline ranks")
+    for col in ("rank", "layers", "fwd/mb", "bwd/mb", "memory", "weights", "grads", "optimizer", "activations"):
+        s.add_column(col, justify="right")
+    for row in est.stages:
+        b = row.memory_breakdown_bytes
+        s.add_row(str(row.rank), "+".join(map(str, row.layers)), seconds(row.fwd_s), seconds(row.bwd_s),
+                  gib(row.memory_bytes), gib(b["weights"]), gib(b["gradients"]), gib(b["optimizer"]),
+                  gib(b["activations"]))
+    console.print(s)
+    for note in est.notes:
+        console.print(f"[dim]{note}[/]")
