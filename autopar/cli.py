@@ -142,6 +142,63 @@ def estimate(
         tables.print_estimate(out, plan, est)
 
 
+@app.command()
+def validate(
+    split: Annotated[str, typer.Option("--split", help="Which runs to score: holdout (not used in fitting), fit, or all.")] = "holdout",
+    source: Annotated[Optional[list[str]], typer.Option("--source", help="Only this data source (repeatable), e.g. vtrain-multi, narayanan21.")] = None,
+    cost_model: CostModelOpt = None,
+    summary_only: Annotated[bool, typer.Option("--summary-only", help="Print only the error summaries, not every run.")] = False,
+    as_json: JsonOpt = False,
+) -> None:
+    """Compare predicted with measured tokens/s/GPU on the shipped measured runs."""
+    _check_choice(split, ("holdout", "fit", "all"), "--split")
+    from autopar.validate.report import validate as run_validate
+
+    result = _run(lambda: run_validate(split, set(source) if source else None, cost_model))
+    if as_json:
+        _emit_json(result)
+    else:
+        tables.print_validate(out, result, rows=not summary_only)
+
+
+@app.command()
+def calibrate(
+    runs: Annotated[str, typer.Argument(help="'builtin' for the shipped measured runs.")] = "builtin",
+    gpu: Annotated[str, typer.Option("--gpu", help="GPU family whose runs to fit: a100 or h100.")] = "a100",
+    base: Annotated[str, typer.Option("--base", help="Cost model to start from (name or path).")] = "a100",
+    out_path: Annotated[str, typer.Option("--out", help="Where to write the calibrated cost-model JSON.")] = "calibrated.json",
+    rounds: Annotated[int, typer.Option("--rounds", min=1, help="Alternations of plan choice and fitting.")] = 2,
+    iters: Annotated[int, typer.Option("--iters", min=1, help="Nelder-Mead iterations per round.")] = 200,
+    derive_as: Annotated[Optional[str], typer.Option("--derive-as", help="Instead of fitting, copy the base model's efficiencies under this name (for GPUs without measured runs).")] = None,
+    derive_gpus: Annotated[Optional[str], typer.Option("--derive-gpus", help="With --derive-as: comma-separated GPU names (as in hardware profiles) it applies to.")] = None,
+    reason: Annotated[str, typer.Option("--reason", help="With --derive-as: why the base applies, recorded in the file.")] = "",
+) -> None:
+    """Fit a cost model's efficiencies to measured runs and write it with its provenance."""
+    from pathlib import Path
+
+    from autopar import calibrate as cal
+    from autopar.cost.params import load_cost_model
+
+    command = "autopar calibrate " + " ".join(sys.argv[2:])
+
+    def run():
+        base_file = load_cost_model(base)[0]
+        if derive_as:
+            return cal.derive(base_file, derive_as, [g.strip() for g in (derive_gpus or "").split(",") if g.strip()],
+                              command, reason)
+        if runs != "builtin":
+            raise AutoparError(f"runs {runs!r}: only 'builtin' (the shipped measured runs) is supported yet")
+        return cal.calibrate_builtin(gpu, base_file, command, rounds, iters)
+
+    result = _run(run)
+    Path(out_path).write_text(result.model_dump_json(indent=2) + "\n")
+    fit = result.fit
+    if fit:
+        out.print(f"fitted on {fit.runs_fit} runs: MAPE {fit.mape_fit:.1%}; held-out {fit.runs_holdout} runs: "
+                  f"MAPE {fit.mape_holdout:.1%}")
+    out.print(f"wrote {out_path}")
+
+
 def main() -> None:
     """Console-script entry point."""
     try:

@@ -53,10 +53,11 @@ def bus_bandwidth_bytes_per_s(span: GroupSpan, cluster: Cluster, p: CostParams) 
     return min(intra, inter)
 
 
-def _latency_s(span: GroupSpan, cluster: Cluster, ring_steps: int) -> float:
-    """α per step; NCCL switches to trees when they have fewer steps (2·log2 n)."""
+def _latency_s(span: GroupSpan, cluster: Cluster, ring_steps: int, p: CostParams) -> float:
+    """α per step (NCCL switches to trees when they have fewer steps, 2·log2 n) plus the fixed
+    cost of issuing one collective."""
     alpha = cluster.inter_node_latency_s if span.crosses_nodes else cluster.intra_node_latency_s
-    return alpha * min(ring_steps, 2 * math.ceil(math.log2(span.size)))
+    return alpha * min(ring_steps, 2 * math.ceil(math.log2(span.size))) + p.collective_overhead_s
 
 
 def _transfer_s(volume_bytes: float, message_bytes: float, bandwidth: float, p: CostParams) -> float:
@@ -70,7 +71,7 @@ def all_reduce_s(buffer_bytes: float, span: GroupSpan, cluster: Cluster, p: Cost
     if n <= 1 or buffer_bytes <= 0:
         return 0.0
     bw = bus_bandwidth_bytes_per_s(span, cluster, p)
-    return _latency_s(span, cluster, 2 * (n - 1)) + _transfer_s(2 * (n - 1) / n * buffer_bytes, buffer_bytes, bw, p)
+    return _latency_s(span, cluster, 2 * (n - 1), p) + _transfer_s(2 * (n - 1) / n * buffer_bytes, buffer_bytes, bw, p)
 
 
 def all_gather_s(output_bytes: float, span: GroupSpan, cluster: Cluster, p: CostParams) -> float:
@@ -79,7 +80,7 @@ def all_gather_s(output_bytes: float, span: GroupSpan, cluster: Cluster, p: Cost
     if n <= 1 or output_bytes <= 0:
         return 0.0
     bw = bus_bandwidth_bytes_per_s(span, cluster, p)
-    return _latency_s(span, cluster, n - 1) + _transfer_s((n - 1) / n * output_bytes, output_bytes, bw, p)
+    return _latency_s(span, cluster, n - 1, p) + _transfer_s((n - 1) / n * output_bytes, output_bytes, bw, p)
 
 
 def reduce_scatter_s(input_bytes: float, span: GroupSpan, cluster: Cluster, p: CostParams) -> float:
@@ -103,7 +104,7 @@ def all_to_all_s(send_bytes: float, span: GroupSpan, cluster: Cluster, p: CostPa
         inter_bw = cluster.inter_node_bytes_per_s_per_gpu * p.inter_node_efficiency
         t_inter = _transfer_s(send_bytes * remote_peers / n, message, inter_bw, p)
     alpha = cluster.inter_node_latency_s if remote_peers else cluster.intra_node_latency_s
-    return alpha * math.ceil(math.log2(n)) + max(t_intra, t_inter)
+    return alpha * math.ceil(math.log2(n)) + p.collective_overhead_s + max(t_intra, t_inter)
 
 
 def send_recv_s(message_bytes: float, crosses_nodes: bool, cluster: Cluster, p: CostParams) -> float:

@@ -45,15 +45,17 @@ def gemm_time_s(m: float, n: float, k: float, peak_flops: float, p: CostParams, 
     return count * (2.0 * m * n * k / (peak_flops * gemm_efficiency(m, n, k, p)) + p.kernel_overhead_s)
 
 
-def attention_efficiency(seq_len: float, p: CostParams) -> float:
-    return p.attention_max * _saturation(seq_len, p.attention_half_seq)
+def attention_efficiency(seq_len: float, p: CostParams, unfused: bool = False) -> float:
+    peak_fraction = p.unfused_attention_max if unfused else p.attention_max
+    return peak_fraction * _saturation(seq_len, p.attention_half_seq)
 
 
-def attention_time_s(flops: float, seq_len: float, peak_flops: float, p: CostParams) -> float:
-    """Fused (flash) attention forward, FLOPs counted causally. Source: Dao 2023 (FlashAttention-2)."""
+def attention_time_s(flops: float, seq_len: float, peak_flops: float, p: CostParams, unfused: bool = False) -> float:
+    """Attention forward (QK^T and AV), FLOPs counted causally: a fused flash kernel (Dao 2023,
+    FlashAttention-2), or unfused batched GEMMs whose softmax traffic is priced separately."""
     if flops <= 0:
         return 0.0
-    return flops / (peak_flops * attention_efficiency(seq_len, p)) + p.kernel_overhead_s
+    return flops / (peak_flops * attention_efficiency(seq_len, p, unfused)) + p.kernel_overhead_s
 
 
 def memory_bound_time_s(bytes_moved: float, hbm_bytes_per_s: float, p: CostParams, kernels: int = 1) -> float:

@@ -116,18 +116,23 @@ def _compute(layer: Layer, s: Split, cluster: Cluster, p: CostParams) -> tuple[f
         if mod:
             module_s[mod] = module_s.get(mod, 0.0) + t
     attn_flops = layer.attention_flops_per_token(s.seq_len, causal=True) * s.tokens / s.tp
-    attn_fwd = attention_time_s(attn_flops, s.seq_len, s.peak_flops, p)
-    module_s["core_attn"] = attn_fwd
+    unfused = layer.elementwise_bytes_per_token_per_seq_tp > 0
+    attn_fwd = attention_time_s(attn_flops, s.seq_len, s.peak_flops, p, unfused)
     ew_bytes_sp = layer.elementwise_bytes_per_token_sp * s.tokens / (s.tp if s.sp else 1)
     ew_bytes_tp = layer.elementwise_bytes_per_token_tp * s.tokens / s.tp
+    scores_bytes = layer.elementwise_bytes_per_token_per_seq_tp * s.seq_len * s.tokens / s.tp / 2  # causal half
+    scores_s = memory_bound_time_s(scores_bytes, cluster.hbm_bytes_per_s, p)
     ew_fwd = memory_bound_time_s(ew_bytes_sp + ew_bytes_tp, cluster.hbm_bytes_per_s, p)
     module_s["layernorm"] = ew_fwd * _NORM_SHARE_OF_SP_BYTES * ew_bytes_sp / max(ew_bytes_sp + ew_bytes_tp, 1.0)
     act_s = ew_fwd * ew_bytes_tp / max(ew_bytes_sp + ew_bytes_tp, 1.0)
     for mod in ("mlp", "moe", "moe_act"):
         if layer.kind in ("moe", "mtp") and mod != "mlp" or layer.kind == "dense" and mod == "mlp":
             module_s[mod] = module_s.get(mod, 0.0) + act_s
-    fwd = gemm_fwd + attn_fwd + ew_fwd
-    bwd = 2.0 * gemm_fwd + p.attention_backward_ratio * attn_fwd + 2.0 * ew_fwd
+    module_s["core_attn"] = attn_fwd + scores_s
+    fwd = gemm_fwd + attn_fwd + scores_s + ew_fwd
+    bwd = 2.0 * gemm_fwd + p.attention_backward_ratio * attn_fwd + 2.0 * (ew_fwd + scores_s)
+    if layer.kind in ("dense", "moe", "mtp"):  # launch-bound floor: the GPU waits for the CPU
+        fwd, bwd = max(fwd, p.layer_launch_floor_s), max(bwd, 2.0 * p.layer_launch_floor_s)
     return fwd, bwd, module_s
 
 

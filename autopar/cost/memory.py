@@ -54,8 +54,14 @@ def activation_divisor(split: str, tp: int, sp: bool) -> int:
     return 1
 
 
+# Inputs of the GEMMs that Transformer Engine runs in fp8: it saves their fp8 casts (1 byte per
+# element, half the bf16 bytes) for the weight gradient (TE fp8 recipe; the output layer stays bf16).
+FP8_SAVED_GEMM_INPUTS = frozenset({"attn_norm_output", "attn_context", "mlp_norm_output", "mlp_act_output",
+                                   "expert_act_output", "shared_act_output"})
+
+
 def saved_activation_bytes(layer: Layer, tokens: float, seq_len: int, tp: int, sp: bool, recompute: str,
-                           modules: tuple[str, ...] = ()) -> float:
+                           modules: tuple[str, ...] = (), fp8: bool = False) -> float:
     """Bytes `layer` saves for backward for `tokens` tokens on one GPU (tokens already divided by cp).
 
     recompute "full": only the layer input ("layer_input" tensors) is kept; "selective": tensors of
@@ -69,6 +75,8 @@ def saved_activation_bytes(layer: Layer, tokens: float, seq_len: int, tp: int, s
         if recompute == "selective" and act.module in modules:
             continue
         per_token = act.bytes_per_token + act.bytes_per_token_per_seq * seq_len
+        if fp8 and act.name in FP8_SAVED_GEMM_INPUTS:
+            per_token /= 2
         total += per_token * tokens / activation_divisor(act.split, tp, sp)
     return total
 

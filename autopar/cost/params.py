@@ -25,13 +25,16 @@ class CostParams:
     gemm_half_dim: float
     attention_max: float
     attention_half_seq: float
+    unfused_attention_max: float
     attention_backward_ratio: float
     hbm_efficiency: float
     kernel_overhead_s: float
+    layer_launch_floor_s: float
     fp8_speedup: float
     intra_node_efficiency: float
     inter_node_efficiency: float
     half_message_bytes: float
+    collective_overhead_s: float
     tp_overlap: float
     cp_overlap: float
     cuda_context_bytes: float
@@ -44,10 +47,11 @@ def params_from_file(f: CostModelFile) -> CostParams:
     c, n, m = f.compute, f.network, f.memory
     return CostParams(
         name=f.name, gemm_max=c.gemm_max, gemm_half_dim=c.gemm_half_dim, attention_max=c.attention_max,
-        attention_half_seq=c.attention_half_seq, attention_backward_ratio=c.attention_backward_ratio,
-        hbm_efficiency=c.hbm_efficiency, kernel_overhead_s=c.kernel_overhead_us * US, fp8_speedup=c.fp8_speedup,
+        attention_half_seq=c.attention_half_seq, unfused_attention_max=c.unfused_attention_max, attention_backward_ratio=c.attention_backward_ratio,
+        hbm_efficiency=c.hbm_efficiency, kernel_overhead_s=c.kernel_overhead_us * US,
+        layer_launch_floor_s=c.layer_launch_floor_us * US, fp8_speedup=c.fp8_speedup,
         intra_node_efficiency=n.intra_node, inter_node_efficiency=n.inter_node,
-        half_message_bytes=n.half_message_bytes, tp_overlap=n.tp_overlap, cp_overlap=n.cp_overlap,
+        half_message_bytes=n.half_message_bytes, collective_overhead_s=n.collective_overhead_us * US, tp_overlap=n.tp_overlap, cp_overlap=n.cp_overlap,
         cuda_context_bytes=m.cuda_context_gib * GiB, fragmentation=m.fragmentation,
         comm_buffer_bytes=m.comm_buffer_gib * GiB,
         gemm_table=tuple((p.m, p.n, p.k, p.efficiency) for p in f.gemm_table),

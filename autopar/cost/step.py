@@ -121,7 +121,9 @@ def _setup(graph: ModelGraph, cluster: Cluster, plan: ParallelPlan, p: CostParam
                   peak_flops=peak)
     spans = Spans(tp=comm.group_span(plan.tp, 1, gpn), cp=comm.group_span(plan.cp, plan.tp, gpn),
                   ep=comm.group_span(plan.ep, etp, gpn), etp=comm.group_span(etp, 1, gpn))
-    return _Setup(split=split, spans=spans, dp_span=comm.group_span(dp, plan.tp * plan.cp, gpn),
+    # Gradients are reduced, and the distributed optimizer shards, over dp·cp: CP ranks hold the same
+    # weights (Megatron's data-parallel group "with context parallel").
+    return _Setup(split=split, spans=spans, dp_span=comm.group_span(dp * plan.cp, plan.tp, gpn),
                   edp_span=comm.group_span(edp, etp * plan.ep, gpn),
                   pp_crosses_nodes=plan.tp * plan.cp * dp >= gpn and n > gpn, dp=dp, edp=edp,
                   m=plan.num_microbatches(n))
@@ -195,11 +197,12 @@ def _stage_activation_bytes(stage: list[Layer], plan: ParallelPlan, tokens: floa
         if layer.kind in ("dense", "moe"):
             mode = _recompute_mode(plan, position)
             position += 1
-        saved += memory.saved_activation_bytes(layer, tokens, plan.seq_len, plan.tp, sp, mode, plan.recompute.modules)
+        fp8 = plan.precision == "fp8"
+        kept = memory.saved_activation_bytes(layer, tokens, plan.seq_len, plan.tp, sp, mode, plan.recompute.modules, fp8)
+        saved += kept
         if mode != "none":
-            full = memory.saved_activation_bytes(layer, tokens, plan.seq_len, plan.tp, sp, "none")
-            work = max(work, full - memory.saved_activation_bytes(layer, tokens, plan.seq_len, plan.tp, sp, mode,
-                                                                   plan.recompute.modules))
+            full = memory.saved_activation_bytes(layer, tokens, plan.seq_len, plan.tp, sp, "none", fp8=fp8)
+            work = max(work, full - kept)
     return saved, work
 
 
@@ -217,7 +220,7 @@ def _rank_memory(rank: int, chunks: list[list[Layer]], graph: ModelGraph, plan: 
         s, w = _stage_activation_bytes(chunk, plan, st.split.tokens)
         saved.append(s)
         work = max(work, w)
-    shard = plan.zero_shard_size or st.dp
+    shard = plan.zero_shard_size or st.dp * plan.cp
     states = memory.model_state_bytes(dense, plan.framework, plan.zero, shard)
     expert_states = memory.model_state_bytes(expert, plan.framework, plan.zero, min(shard, st.edp))
     breakdown = {k: states[k] + expert_states[k] for k in states}
@@ -305,7 +308,8 @@ def estimate(graph: ModelGraph, cluster: Cluster, plan: ParallelPlan, p: CostPar
     p2p_bytes = st.split.tokens * graph.spec.hidden_size * BF16_BYTES / (plan.tp if plan.sequence_parallel else 1)
     p2p_s = comm.send_recv_s(p2p_bytes, st.pp_crosses_nodes, cluster, p) if plan.pp > 1 else 0.0
     pipe_s, pp_comm_s = _pipeline_step_s(f, b, st.m, plan.vpp, p2p_s)
-    opt_params = max(row.params / ((plan.zero_shard_size or st.dp) if plan.zero >= 1 else 1) for row in stage_rows)
+    opt_params = max(row.params / ((plan.zero_shard_size or st.dp * plan.cp) if plan.zero >= 1 else 1)
+                     for row in stage_rows)
     optimizer_s = memory_bound_time_s(opt_params * OPTIMIZER_BYTES_PER_PARAM, cluster.hbm_bytes_per_s, p, kernels=4)
     step_s = pipe_s + pp_comm_s + dp_exposed + optimizer_s
     slow = max(range(plan.pp), key=lambda r: f[r] + b[r])

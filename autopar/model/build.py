@@ -20,6 +20,10 @@ NORM_FLOPS_PER_ELEMENT = 5  # mean/variance or RMS, normalize, scale (and shift)
 GELU_FLOPS_PER_ELEMENT = 8  # tanh approximation
 SWIGLU_FLOPS_PER_ELEMENT = 5  # silu (exp, add, div, mul) and the gating multiply
 SOFTMAX_FLOPS_PER_ELEMENT = 5  # max, sub, exp, sum, div
+# Unfused attention (Megatron before flash attention): the a·s scores of each token are written by
+# the QK^T GEMM, read and written by the fused scale-mask-softmax kernel, read by dropout, which
+# writes its output and a 1-byte mask: 2 + 2 + 2 + 2 + 2 + 1 = 11 bytes per score in forward.
+UNFUSED_ATTENTION_BYTES_PER_SCORE = 11
 
 
 def _norm_params(spec: ModelSpec, width: int) -> int:
@@ -170,6 +174,7 @@ def _decoder_layer(spec: ModelSpec, index: int, moe: bool, kind: str | None = No
         index=index, kind=layer_kind, name=f"{layer_kind}_{index}", gemms=tuple(gemms),
         other_params_tp=0, other_params_replicated=other, activations=tuple(acts),
         attn_flops_per_token_per_seq=2.0 * a * (dqk + dv),
+        elementwise_bytes_per_token_per_seq_tp=float(UNFUSED_ATTENTION_BYTES_PER_SCORE * a) if spec.dropout else 0.0,
         elementwise_flops_per_token=float(ew_flops),
         elementwise_bytes_per_token_tp=float(ew_tp), elementwise_bytes_per_token_sp=float(ew_sp),
         top_k=spec.moe.top_k if moe else 0, num_experts=spec.moe.num_experts if moe else 0,

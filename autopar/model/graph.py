@@ -98,6 +98,7 @@ class Layer:
     elementwise_flops_per_token: float = 0.0
     elementwise_bytes_per_token_tp: float = 0.0
     elementwise_bytes_per_token_sp: float = 0.0
+    elementwise_bytes_per_token_per_seq_tp: float = 0.0  # unfused softmax/dropout over a·s scores
     num_heads: int = 0
     num_kv_heads: int = 0
     head_dim_qk: int = 0

@@ -95,3 +95,34 @@ def print_estimate(console: Console, plan, est) -> None:
     console.print(s)
     for note in est.notes:
         console.print(f"[dim]{note}[/]")
+
+
+def _summary_row(t: Table, name: str, s: dict[str, float]) -> None:
+    t.add_row(name, str(s["count"]), f"{s['mape']:.1%}", f"{s['median']:.1%}", f"{s['p90']:.1%}", f"{s['worst']:.1%}",
+              f"{s.get('fits', 0)}/{s['count']}")
+
+
+def print_validate(console: Console, result: dict[str, Any], rows: bool = True) -> None:
+    if rows:
+        t = Table(title=f"Predicted vs measured tokens/s/GPU ({result['split']} runs)")
+        for col in ("run", "source", "gpus", "layout", "chosen", "measured", "predicted", "error"):
+            t.add_column(col, justify="right" if col in ("gpus", "measured", "predicted", "error") else "left")
+        for r in result["rows"]:
+            c = r["chosen"]
+            chosen = f"mbs{c['mbs']} v{c['vpp']} {c['recompute']}" + (" tpo" if c["tp_comm_overlap"] else "")
+            err = r["error"]
+            style = "red" if abs(err) > 0.25 else ("yellow" if abs(err) > 0.1 else "")
+            t.add_row(r["run_id"], r["source"], str(r["gpus"]), r["layout"], chosen,
+                      f"{r['measured_tokens_per_s_per_gpu']:,.1f}", f"{r['predicted_tokens_per_s_per_gpu']:,.1f}",
+                      f"[{style}]{err:+.1%}[/]" if style else f"{err:+.1%}")
+        console.print(t)
+    s = Table(title=f"Error of tokens/s/GPU, {result['split']} runs")
+    for col in ("group", "runs", "MAPE", "median", "P90", "worst", "fit in memory"):
+        s.add_column(col, justify="left" if col == "group" else "right")
+    _summary_row(s, "all", result["summary"])
+    for name, summ in result["by_hardware"].items():
+        _summary_row(s, f"hardware {name}", summ)
+    for name, summ in result["by_source"].items():
+        _summary_row(s, f"source {name}", summ)
+    console.print(s)
+    console.print(f"[dim]{result['method']}[/]")

@@ -32,9 +32,11 @@ class ComputeEfficiency(BaseModel):
     gemm_half_dim: float = Field(..., ge=0, description="A GEMM dim of this size halves efficiency in that dim.")
     attention_max: float = Field(..., gt=0, le=1, description="Best fraction of peak of the attention kernel.")
     attention_half_seq: float = Field(..., ge=0, description="Sequence length at which attention efficiency halves.")
+    unfused_attention_max: float = Field(0.3, gt=0, le=1, description="Fraction of peak of unfused (pre-flash) attention GEMMs: batched QK^T and AV with the scores in HBM.")
     attention_backward_ratio: float = Field(2.5, gt=0, description="Backward/forward FLOPs of flash attention (Dao 2023).")
     hbm_efficiency: float = Field(..., gt=0, le=1, description="Achieved fraction of HBM bandwidth by elementwise ops.")
     kernel_overhead_us: float = Field(..., ge=0, description="Fixed launch/tail cost per kernel, microseconds.")
+    layer_launch_floor_us: float = Field(0.0, ge=0, description="CPU time to issue one layer's forward kernels; a layer pass never runs faster (launch-bound regime).")
     fp8_speedup: float = Field(1.0, gt=0, description="Achieved fp8 over bf16 GEMM speed-up (not the 2x peak ratio).")
 
 
@@ -44,6 +46,7 @@ class NetworkEfficiency(BaseModel):
     intra_node: float = Field(..., gt=0, le=1, description="Achieved fraction of NVLink bandwidth by NCCL (bus bw).")
     inter_node: float = Field(..., gt=0, le=1, description="Achieved fraction of NIC bandwidth by NCCL (bus bw).")
     half_message_bytes: float = Field(..., ge=0, description="Message size at which bandwidth efficiency halves.")
+    collective_overhead_us: float = Field(0.0, ge=0, description="Fixed cost of one collective call (launch, rank skew), microseconds.")
     tp_overlap: float = Field(0.7, ge=0, le=1, description="Fraction of TP comm hidden when --tp-comm-overlap is on.")
     cp_overlap: float = Field(0.9, ge=0, le=1, description="Fraction of CP K/V exchange hidden behind attention.")
 

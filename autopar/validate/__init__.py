@@ -1,1 +1,1 @@
-"""Validation of the cost model against measured training runs."""
+"""Measured runs (dataset), their prediction (runner) and the error summary `autopar validate` prints."""

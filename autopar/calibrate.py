@@ -1,0 +1,222 @@
+"""Fit a cost model's free efficiency parameters to measured step times.
+
+Objective: the mean over runs of |log(predicted / measured tokens/s/GPU)|, each data source
+weighted equally (so 900 small single-node runs do not drown 10 cluster-scale ones). Minimized
+by Nelder–Mead (Nelder & Mead 1965) on an unconstrained transform of each parameter (logit for
+fractions, log for positive values). Unstated run settings are re-chosen between rounds: fix the
+best plan per run under the current parameters, fit, repeat (an alternating minimization).
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass, replace
+from datetime import date
+from typing import Callable, Sequence
+
+import numpy as np
+
+from autopar.cost.params import CostParams, params_from_file
+from autopar.cost.step import estimate
+from autopar.schema.cost_model import CostModelFile, FitReport
+from autopar.schema.plan import ParallelPlan
+from autopar.validate.dataset import MeasuredRun
+from autopar.validate.runner import _cluster_for, _graph_for, predict
+
+# Free parameters: (section, field, transform). "unit": in (0, 1]; "pos": > 0; "ratio2": in (1, 2)
+# (fp8 cannot beat its 2x dense peak ratio over bf16).
+FREE_PARAMETERS: dict[str, tuple[str, str, str]] = {
+    "gemm_max": ("compute", "gemm_max", "unit"),
+    "gemm_half_dim": ("compute", "gemm_half_dim", "pos"),
+    "attention_max": ("compute", "attention_max", "unit"),
+    "attention_half_seq": ("compute", "attention_half_seq", "pos"),
+    "unfused_attention_max": ("compute", "unfused_attention_max", "unit"),
+    "hbm_efficiency": ("compute", "hbm_efficiency", "unit"),
+    "kernel_overhead_us": ("compute", "kernel_overhead_us", "pos"),
+    "fp8_speedup": ("compute", "fp8_speedup", "ratio2"),
+    "layer_launch_floor_us": ("compute", "layer_launch_floor_us", "pos"),
+    "intra_node": ("network", "intra_node", "unit"),
+    "inter_node": ("network", "inter_node", "unit"),
+    "half_message_bytes": ("network", "half_message_bytes", "pos"),
+    "collective_overhead_us": ("network", "collective_overhead_us", "pos"),
+    "tp_overlap": ("network", "tp_overlap", "unit"),
+}
+
+
+def _to_free(value: float, kind: str) -> float:
+    if kind == "ratio2":
+        return _to_free(value - 1.0, "unit")
+    if kind == "unit":
+        v = min(max(value, 1e-6), 1 - 1e-6)
+        return math.log(v / (1 - v))
+    return math.log(max(value, 1e-12))
+
+
+def _from_free(x: float, kind: str) -> float:
+    if kind == "ratio2":
+        return 1.0 + _from_free(x, "unit")
+    if kind == "unit":
+        return 1.0 / (1.0 + math.exp(-x))
+    return math.exp(min(x, 60.0))
+
+
+def with_values(base: CostModelFile, values: dict[str, float]) -> CostModelFile:
+    """A copy of `base` with the named free parameters replaced."""
+    sections: dict[str, dict] = {}
+    for name, value in values.items():
+        section, field_name, _ = FREE_PARAMETERS[name]
+        sections.setdefault(section, {})[field_name] = value
+    updates = {s: getattr(base, s).model_copy(update=f) for s, f in sections.items()}
+    return base.model_copy(update=updates)
+
+
+def nelder_mead(f: Callable[[np.ndarray], float], x0: np.ndarray, step: float = 0.3, iters: int = 300,
+                tol: float = 1e-5) -> tuple[np.ndarray, float]:
+    """Minimize f from x0 (standard reflection 1, expansion 2, contraction 0.5, shrink 0.5)."""
+    n = len(x0)
+    simplex = [x0] + [x0 + step * np.eye(n)[i] for i in range(n)]
+    values = [f(x) for x in simplex]
+    for _ in range(iters):
+        order = np.argsort(values)
+        simplex, values = [simplex[i] for i in order], [values[i] for i in order]
+        if abs(values[-1] - values[0]) < tol:
+            break
+        centroid = np.mean(simplex[:-1], axis=0)
+        reflected = centroid + (centroid - simplex[-1])
+        fr = f(reflected)
+        if fr < values[0]:
+            expanded = centroid + 2.0 * (centroid - simplex[-1])
+            fe = f(expanded)
+            simplex[-1], values[-1] = (expanded, fe) if fe < fr else (reflected, fr)
+        elif fr < values[-2]:
+            simplex[-1], values[-1] = reflected, fr
+        else:
+            contracted = centroid + 0.5 * (simplex[-1] - centroid)
+            fc = f(contracted)
+            if fc < values[-1]:
+                simplex[-1], values[-1] = contracted, fc
+            else:
+                simplex = [simplex[0] + 0.5 * (x - simplex[0]) for x in simplex]
+                values = [values[0]] + [f(x) for x in simplex[1:]]
+    best = int(np.argmin(values))
+    return simplex[best], values[best]
+
+
+@dataclass(frozen=True)
+class FitResult:
+    file: CostModelFile
+    objective: float
+    evaluations: int
+
+
+def _objective(runs: Sequence[MeasuredRun], plans: Sequence[ParallelPlan], p: CostParams) -> float:
+    """Source-weighted mean |log(pred/measured)|."""
+    by_source: dict[str, list[float]] = {}
+    for run, plan in zip(runs, plans):
+        e = estimate(_graph_for(run), _cluster_for(run.cluster, run.num_gpus), plan, p)
+        by_source.setdefault(run.source, []).append(abs(math.log(e.tokens_per_s_per_gpu / run.measured_tokens_per_s_per_gpu)))
+    return sum(sum(v) / len(v) for v in by_source.values()) / len(by_source)
+
+
+def fit(runs: Sequence[MeasuredRun], base: CostModelFile, free: Sequence[str], rounds: int = 2,
+        iters: int = 150) -> FitResult:
+    """Fit `free` parameters of `base` on `runs` (alternating plan choice and Nelder–Mead)."""
+    current, evals, value = base, 0, math.inf
+    for _ in range(rounds):
+        p = params_from_file(current)
+        chosen = [(r, predict(r, p)) for r in runs]
+        chosen = [(r, pr.plan) for r, pr in chosen if pr is not None]
+        rs, plans = [r for r, _ in chosen], [pl for _, pl in chosen]
+        start = {name: _field(current, name) for name in free}
+        x0 = np.array([_to_free(start[n], FREE_PARAMETERS[n][2]) for n in free])
+
+        def f(x: np.ndarray) -> float:
+            nonlocal evals
+            evals += 1
+            values = {n: _from_free(v, FREE_PARAMETERS[n][2]) for n, v in zip(free, x)}
+            return _objective(rs, plans, params_from_file(with_values(current, values)))
+
+        x, value = nelder_mead(f, x0, iters=iters)
+        current = with_values(current, {n: _from_free(v, FREE_PARAMETERS[n][2]) for n, v in zip(free, x)})
+    return FitResult(file=current, objective=value, evaluations=evals)
+
+
+def _field(f: CostModelFile, name: str) -> float:
+    section, field_name, _ = FREE_PARAMETERS[name]
+    return getattr(getattr(f, section), field_name)
+
+
+def stamp(f: CostModelFile, command: str, sources: list[str], notes: str, report: FitReport) -> CostModelFile:
+    prov = f.provenance.model_copy(update={"method": "calibrated", "command": command,
+                                           "date": date.today().isoformat(), "sources": sources, "notes": notes})
+    return f.model_copy(update={"provenance": prov, "fit": report})
+
+
+__all__ = ["FREE_PARAMETERS", "FitResult", "fit", "nelder_mead", "replace", "stamp", "with_values"]
+
+
+# --------------------------------------------------------------------------- the shipped defaults
+
+# Free parameters per base: the A100 data (1,549 vTrain runs + 20 published) pins shape and
+# overhead terms; the 24 H100 rows pin the peak fractions, network efficiencies, the fp8 gain and
+# the launch overheads (Megatron-Core with Transformer Engine launches far fewer kernels than the
+# Megatron-DeepSpeed of the A100 runs); the GEMM shape curve is kept from the A100 fit.
+FREE_FOR_GPU = {
+    "a100": ["gemm_max", "gemm_half_dim", "unfused_attention_max", "hbm_efficiency", "kernel_overhead_us",
+             "layer_launch_floor_us", "intra_node", "inter_node", "collective_overhead_us"],
+    "h100": ["gemm_max", "attention_max", "hbm_efficiency", "fp8_speedup", "intra_node", "inter_node",
+             "kernel_overhead_us"],
+}
+CLUSTERS_FOR_GPU = {"a100": ("vtrain-a100", "dgx-a100-80gb", "dgx-a100-40gb"), "h100": ("dgx-h100",)}
+_A100_FLASH_NOTE = ("The A100 runs all use unfused attention, so attention_max (flash) is not fitted: 0.6 of "
+                    "peak from Dao 2023, FlashAttention-2, Fig. 5-6 (A100 forward+backward 50-73%).")
+VTRAIN_SINGLE_FIT_STRIDE = 4  # fit on every 4th single-node fit row: 225 rows carry its shapes
+
+
+def builtin_fit_runs(gpu: str) -> list[MeasuredRun]:
+    """The fit split of the shipped measured runs on this GPU family."""
+    from autopar.validate.dataset import load_runs
+
+    out = []
+    for i, r in enumerate(load_runs()):
+        if r.cluster not in CLUSTERS_FOR_GPU[gpu] or r.split != "fit":
+            continue
+        if r.source == "vtrain-single" and int(r.run_id.rsplit("_", 1)[-1]) % VTRAIN_SINGLE_FIT_STRIDE:
+            continue
+        out.append(r)
+    return out
+
+
+def _mape(runs: Sequence[MeasuredRun], p: CostParams) -> float | None:
+    errs = [abs(pr.error) for pr in (predict(r, p) for r in runs) if pr is not None]
+    return sum(errs) / len(errs) if errs else None
+
+
+def calibrate_builtin(gpu: str, base: CostModelFile, command: str, rounds: int = 2, iters: int = 200) -> CostModelFile:
+    """Fit `base` on the shipped fit split for `gpu` ("a100" or "h100"); report fit and held-out MAPE."""
+    from autopar.validate.dataset import load_runs
+
+    if gpu not in FREE_FOR_GPU:
+        from autopar.errors import SchemaError
+        raise SchemaError(f"--gpu {gpu!r} has no shipped measured runs; use one of {', '.join(FREE_FOR_GPU)}")
+    fit_runs = builtin_fit_runs(gpu)
+    result = fit(fit_runs, base, FREE_FOR_GPU[gpu], rounds=rounds, iters=iters)
+    p = params_from_file(result.file)
+    holdout = [r for r in load_runs() if r.cluster in CLUSTERS_FOR_GPU[gpu] and r.split == "holdout"]
+    report = FitReport(runs_fit=len(fit_runs), runs_holdout=len(holdout), mape_fit=_mape(fit_runs, p),
+                       mape_holdout=_mape(holdout, p))
+    sources = sorted({f"{r.source}: {r.source_detail.split(',')[0]}" for r in fit_runs})
+    notes = (f"Fitted parameters: {', '.join(FREE_FOR_GPU[gpu])}; others from the base file. "
+             f"{result.evaluations} objective evaluations, source-weighted mean |log error| {result.objective:.4f}. "
+             "Held-out rows (whole model shapes) were not used in fitting. "
+             f"Base file: {base.name} ({base.provenance.method}: {base.provenance.command}). "
+             + (_A100_FLASH_NOTE if gpu == "a100" else ""))
+    return stamp(result.file, command, sources, notes, report)
+
+
+def derive(base: CostModelFile, name: str, gpus: list[str], command: str, reason: str) -> CostModelFile:
+    """A cost model for GPUs without measured runs: the base file's efficiencies, stated as such."""
+    prov = base.provenance.model_copy(update={
+        "method": "derived", "command": command, "date": date.today().isoformat(),
+        "sources": [f"{base.name}.json ({base.provenance.method}: {base.provenance.command})"], "notes": reason})
+    return base.model_copy(update={"name": name, "gpus": gpus, "provenance": prov, "fit": None})

@@ -1,0 +1,138 @@
+"""Predict measured runs with the cost model and summarize the error (`autopar validate`).
+
+A run's unstated settings (micro batch, recompute, sequence parallelism, virtual stages, TP
+communication overlap) are free variables: the prediction is the fastest plan that fits among
+the plausible settings, as a tuned production run would be (calibration README). Everything the
+source states is fixed. Architecture fields a source omits are filled from the model family
+(Llama 2: vocab 32000; Llama 3: 128256; Nemotron: 256000 with a 2-matrix squared-ReLU FFN;
+NeMo GPT-3: 50257) and listed as assumptions.
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass
+from functools import lru_cache
+from statistics import median
+
+from autopar.cost.params import CostParams
+from autopar.cost.step import estimate
+from autopar.hardware import Cluster, load_cluster
+from autopar.model import ModelGraph, build_graph
+from autopar.schema.model import ModelSpec
+from autopar.schema.plan import ParallelPlan, Recompute, plan_violations
+from autopar.validate.dataset import MeasuredRun
+
+_FAMILY_VOCAB = (("llama2", 32000), ("llama3", 128256), ("nemotron", 256000), ("gpt3", 50257))
+
+
+@dataclass(frozen=True, slots=True)
+class Prediction:
+    run: MeasuredRun
+    predicted_tokens_per_s_per_gpu: float
+    plan: ParallelPlan
+    fits: bool
+
+    @property
+    def error(self) -> float:
+        """Signed relative error of the prediction: (predicted − measured) / measured."""
+        return self.predicted_tokens_per_s_per_gpu / self.run.measured_tokens_per_s_per_gpu - 1.0
+
+
+def _vocab(run: MeasuredRun) -> int:
+    if run.arch.get("vocab_size"):
+        return run.arch["vocab_size"]
+    key = run.run_id.replace("_", "").lower()
+    return next((v for fam, v in _FAMILY_VOCAB if fam in key), 51200)
+
+
+_GRAPHS: dict[str, ModelGraph] = {}
+
+
+def _graph_for(run: MeasuredRun) -> ModelGraph:
+    if run.run_id not in _GRAPHS:
+        _GRAPHS[run.run_id] = _build_graph(run)
+    return _GRAPHS[run.run_id]
+
+
+def _build_graph(run: MeasuredRun) -> ModelGraph:
+    a = run.arch
+    heads = a["num_attention_heads"]
+    spec = ModelSpec(
+        name=run.run_id, source=run.source_detail, num_layers=a["num_layers"], hidden_size=a["hidden_size"],
+        num_attention_heads=heads, num_kv_heads=a.get("num_kv_heads") or heads,
+        ffn_hidden_size=a.get("ffn_hidden_size") or 4 * a["hidden_size"], vocab_size=_vocab(run),
+        seq_length=run.seq_len, activation=a.get("activation") or "gelu",
+        normalization=a.get("normalization") or "layernorm", position_embedding=a.get("position_embedding") or "rope",
+        tie_embeddings=bool(a.get("tie_embeddings")), dropout=run.source in ("narayanan21", "korthikanti22") or run.source.startswith("vtrain"),
+    )
+    return build_graph(spec)
+
+
+@lru_cache(maxsize=64)
+def _cluster_for(name: str, gpus: int) -> Cluster:
+    return load_cluster(name, gpus)
+
+
+def candidate_plans(run: MeasuredRun, graph: ModelGraph) -> list[ParallelPlan]:
+    """Every plausible plan for the run: stated settings fixed, unstated ones enumerated."""
+    dp = run.num_gpus // (run.tp * run.pp * run.cp)
+    per_dp = run.global_batch // dp
+    mbs_options = [run.micro_batch] if run.micro_batch else [m for m in (1, 2, 4, 8) if per_dp % m == 0]
+    recompute_options = [run.recompute] if run.recompute else ["none", "selective", "full"]
+    sp_options = [run.sequence_parallel] if run.sequence_parallel is not None else [run.tp > 1]
+    if run.vpp:
+        vpp_options = [run.vpp]
+    else:
+        vpp_options = [v for v in (1, 2, 3, 4, 6, 8) if graph.spec.num_layers % (run.pp * v) == 0 and
+                       (v == 1 or run.pp > 1)]
+    overlap_options = [False, True] if run.tp > 1 and run.source.startswith(("nemo", "megatron")) else [False]
+    zero = run.zero_stage if run.zero_stage is not None else (1 if run.source.startswith(("nemo", "megatron")) else 0)
+    plans = []
+    for mbs in mbs_options:
+        for rec in recompute_options:
+            for sp in sp_options:
+                for vpp in vpp_options:
+                    for overlap in overlap_options:
+                        if overlap and not sp:
+                            continue
+                        plan = ParallelPlan(tp=run.tp, pp=run.pp, cp=run.cp, ep=run.ep, vpp=vpp, mbs=mbs,
+                                            global_batch=run.global_batch, seq_len=run.seq_len, zero=zero,
+                                            sp=sp if run.tp > 1 else None, recompute=Recompute(mode=rec),
+                                            precision="fp8" if run.precision == "fp8" else "bf16",
+                                            tp_comm_overlap=overlap)
+                        if not _violations(plan, run, graph):
+                            plans.append(plan)
+    return plans
+
+
+def _violations(plan: ParallelPlan, run: MeasuredRun, graph: ModelGraph) -> list[str]:
+    s = graph.spec
+    return plan_violations(plan, num_gpus=run.num_gpus, num_layers=s.num_layers, num_heads=s.num_attention_heads,
+                           num_kv_heads=s.kv_heads, num_experts=s.moe.num_experts if s.moe else 0)
+
+
+def predict(run: MeasuredRun, p: CostParams) -> Prediction | None:
+    """The fastest fitting candidate's tokens/s/GPU (or the fastest overall if none fits)."""
+    graph = _graph_for(run)
+    cluster = _cluster_for(run.cluster, run.num_gpus)
+    best = None
+    for plan in candidate_plans(run, graph):
+        e = estimate(graph, cluster, plan, p)
+        key = (e.fits, e.tokens_per_s_per_gpu)
+        if best is None or key > best[0]:
+            best = (key, plan)
+    if best is None:
+        return None
+    (fits, tps), plan = best
+    return Prediction(run=run, predicted_tokens_per_s_per_gpu=tps, plan=plan, fits=fits)
+
+
+def summarize(preds: list[Prediction]) -> dict[str, float]:
+    """MAPE, median, P90 and worst absolute percentage error, and the count."""
+    errs = sorted(abs(x.error) for x in preds)
+    if not errs:
+        return {"count": 0, "mape": math.nan, "median": math.nan, "p90": math.nan, "worst": math.nan}
+    p90 = errs[min(len(errs) - 1, math.ceil(0.9 * len(errs)) - 1)]
+    return {"count": len(errs), "mape": sum(errs) / len(errs), "median": median(errs), "p90": p90,
+            "worst": errs[-1], "fits": sum(x.fits for x in preds)}
