@@ -18,7 +18,7 @@ from autopar.report import tables
 
 app = typer.Typer(add_completion=False, no_args_is_help=True, pretty_exceptions_enable=False,
                   help="autopar: plan how to split an LLM over GPUs, before a GPU is touched.")
-out = Console(highlight=False)
+out = Console(highlight=False, width=None if sys.stdout.isatty() else 120)
 err = Console(stderr=True, highlight=False)
 
 ModelArg = Annotated[str, typer.Argument(help="A preset name (see `autopar models`), a Hugging Face config.json, or a YAML layer-graph file.")]
