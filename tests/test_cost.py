@@ -130,3 +130,26 @@ def test_every_published_run_fits():
                                       "megatron-llama3-fp8"})
     assert result["rows"] and all(r["fits"] for r in result["rows"])
     assert result["summary"]["mape"] <= 0.10
+
+
+def test_memory_overheads_are_the_stated_constants():
+    # Peak = allocated · (1 + fragmentation) + comm buffers + CUDA context, constants from the file.
+    f, p = load_cost_model("h100")
+    gib = 1024**3
+    assert p.cuda_context_bytes == f.memory.cuda_context_gib * gib
+    assert memory.with_overheads(10 * gib, p.cuda_context_bytes, p.comm_buffer_bytes, p.fragmentation) == \
+        pytest.approx(10 * gib * (1 + f.memory.fragmentation) + (f.memory.comm_buffer_gib + f.memory.cuda_context_gib) * gib)
+
+
+def test_cp_shards_optimizer_with_dp():
+    # Megatron shards the distributed optimizer over dp·cp: cp 2 / dp 4 holds the same states as dp 8.
+    cp = estimate_plan("llama3-8b", "dgx-h100", 8, make_plan(cp=2, global_batch=128, seq_len=8192))
+    dp = estimate_plan("llama3-8b", "dgx-h100", 8, make_plan(global_batch=128, seq_len=8192))
+    assert cp.memory_breakdown_bytes["optimizer"] == pytest.approx(dp.memory_breakdown_bytes["optimizer"])
+
+
+def test_nemo_llama3_8b_cp2_fp8_fits():
+    # NVIDIA NeMo 24.07: Llama 3 8B, 8 H100s, tp1 pp1 cp2 dp4, mbs 1, gbs 128, seq 8192, fp8 ran.
+    e = estimate_plan("llama3-8b", "dgx-h100", 8, make_plan(cp=2, global_batch=128, seq_len=8192, precision="fp8",
+                                                            recompute={"mode": "none"}))
+    assert e.fits

@@ -1,0 +1,5 @@
+"""`python -m autopar` runs the CLI."""
+
+from autopar.cli import main
+
+main()
