@@ -10,7 +10,7 @@ best plan per run under the current parameters, fit, repeat (an alternating mini
 from __future__ import annotations
 
 import math
-from dataclasses import dataclass, replace
+from dataclasses import dataclass
 from datetime import date
 from typing import Callable, Sequence
 
@@ -152,7 +152,7 @@ def stamp(f: CostModelFile, command: str, sources: list[str], notes: str, report
     return f.model_copy(update={"provenance": prov, "fit": report})
 
 
-__all__ = ["FREE_PARAMETERS", "FitResult", "fit", "nelder_mead", "replace", "stamp", "with_values"]
+__all__ = ["FREE_PARAMETERS", "FitResult", "calibrate_builtin", "derive", "fit", "nelder_mead", "stamp", "with_values"]
 
 
 # --------------------------------------------------------------------------- the shipped defaults
@@ -178,7 +178,7 @@ def builtin_fit_runs(gpu: str) -> list[MeasuredRun]:
     from autopar.validate.dataset import load_runs
 
     out = []
-    for i, r in enumerate(load_runs()):
+    for r in load_runs():
         if r.cluster not in CLUSTERS_FOR_GPU[gpu] or r.split != "fit":
             continue
         if r.source == "vtrain-single" and int(r.run_id.rsplit("_", 1)[-1]) % VTRAIN_SINGLE_FIT_STRIDE:
