@@ -1,0 +1,69 @@
+"""The plan JSON (`autopar plan --out plan.json`): a schema-versioned record of one plan, what it
+was planned for, and its estimate. Exporters and `explain`/`compare` read it; it carries the
+full model spec so a plan made from a config file stays usable without that file.
+"""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+from typing import Any, Literal
+
+from pydantic import BaseModel, ConfigDict, Field, ValidationError
+
+from autopar.errors import InputFileError, SchemaError
+from autopar.schema import one_line
+from autopar.schema.model import ModelSpec
+from autopar.schema.plan import PLAN_SCHEMA_VERSION, ParallelPlan
+
+_FROZEN = ConfigDict(frozen=True, extra="forbid")
+
+
+class PlanTarget(BaseModel):
+    """What the plan is for: the model (as given and as resolved), the cluster and its size."""
+
+    model_config = _FROZEN
+
+    model: str = Field(..., description="The model argument as the user gave it (preset name or path).")
+    model_spec: ModelSpec = Field(..., description="The resolved architecture.")
+    cluster: str = Field(..., description="The cluster profile name or path.")
+    gpus: int = Field(..., ge=1, description="Number of GPUs.")
+    cost_model: str | None = Field(None, description="Cost model name or path; None = the cluster GPU's default.")
+
+
+class PlanFile(BaseModel):
+    """Top level of plan.json."""
+
+    model_config = _FROZEN
+
+    schema_version: Literal[1] = PLAN_SCHEMA_VERSION
+    autopar_version: str = Field(..., description="autopar version that wrote the file.")
+    target: PlanTarget
+    parallel: ParallelPlan
+    estimate: dict[str, Any] = Field(default_factory=dict, description="`estimate --json` keys at planning time.")
+
+
+def write_plan_file(path: Path, plan_file: PlanFile) -> None:
+    """Write deterministically (sorted keys, fixed float repr) so equal plans give equal bytes."""
+    path.write_text(json.dumps(plan_file.model_dump(mode="json"), indent=2, sort_keys=True) + "\n", encoding="utf-8")
+
+
+def read_plan_file(path: str | Path) -> PlanFile:
+    p = Path(path).expanduser()
+    if not p.is_file():
+        raise InputFileError(f"plan file {p} does not exist; write one with `autopar plan ... --out {p.name}`")
+    try:
+        raw = json.loads(p.read_text(encoding="utf-8"))
+    except (OSError, UnicodeDecodeError) as exc:
+        raise InputFileError(f"cannot read plan file {p} ({exc.__class__.__name__}); check its permissions")
+    except json.JSONDecodeError as exc:
+        raise InputFileError(f"plan file {p} is malformed JSON near line {exc.lineno}; fix its syntax or re-plan")
+    if not isinstance(raw, dict):
+        raise InputFileError(f"plan file {p} must hold a JSON object; re-create it with `autopar plan --out`")
+    if raw.get("schema_version") != PLAN_SCHEMA_VERSION:
+        raise SchemaError(f"plan file {p} has schema_version {raw.get('schema_version')!r}, this autopar reads "
+                          f"{PLAN_SCHEMA_VERSION}; re-create it with `autopar plan --out`")
+    try:
+        return PlanFile(**raw)
+    except ValidationError as exc:
+        raise SchemaError(one_line(exc, f"plan file {p}"))
