@@ -117,4 +117,4 @@ def send_recv_s(message_bytes: float, crosses_nodes: bool, cluster: Cluster, p: 
     else:
         bw = cluster.intra_node_bytes_per_s * p.intra_node_efficiency
         alpha = cluster.intra_node_latency_s
-    return alpha + _transfer_s(message_bytes, message_bytes, bw, p)
+    return alpha + p.collective_overhead_s + _transfer_s(message_bytes, message_bytes, bw, p)

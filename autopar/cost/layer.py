@@ -44,7 +44,9 @@ class Split:
     seq_len: int
     hidden: int
     peak_flops: float
-    moe_imbalance: float = 1.0
+    moe_load: float = 1.0  # busiest expert rank's tokens over the mean
+    cp_comm_type: str = "p2p"
+    moe_dispatcher: str = "alltoall"
 
 
 @dataclass(frozen=True, slots=True)
@@ -89,7 +91,7 @@ def _gemm_shape(g, s: Split) -> tuple[float, float, float, float]:
     """(m, n, k, count) of one GEMM on one rank."""
     if g.is_expert:
         local_experts = max(g.num_experts // s.ep, 1)
-        routed = s.tokens / (s.tp if s.sp else 1) * g.tokens_per_token * s.moe_imbalance
+        routed = s.tokens / (s.tp if s.sp else 1) * g.tokens_per_token * s.moe_load
         m = routed * s.etp / local_experts
         n, k = (g.n / s.etp, g.k) if g.split == "expert_col" else (g.n, g.k / s.etp)
         return m, n, k, local_experts
@@ -117,7 +119,10 @@ def _compute(layer: Layer, s: Split, cluster: Cluster, p: CostParams) -> tuple[f
             module_s[mod] = module_s.get(mod, 0.0) + t
     attn_flops = layer.attention_flops_per_token(s.seq_len, causal=True) * s.tokens / s.tp
     unfused = layer.elementwise_bytes_per_token_per_seq_tp > 0
-    attn_fwd = attention_time_s(attn_flops, s.seq_len, s.peak_flops, p, unfused)
+    # Under context parallelism each ring step runs one kernel on a seq/cp chunk of queries
+    # against a seq/cp chunk of keys: efficiency follows the chunk, and there are cp launches.
+    attn_fwd = attention_time_s(attn_flops, s.seq_len / s.cp, s.peak_flops, p, unfused)
+    attn_fwd += (s.cp - 1) * p.kernel_overhead_s if attn_flops > 0 else 0.0
     ew_bytes_sp = layer.elementwise_bytes_per_token_sp * s.tokens / (s.tp if s.sp else 1)
     ew_bytes_tp = layer.elementwise_bytes_per_token_tp * s.tokens / s.tp
     scores_bytes = layer.elementwise_bytes_per_token_per_seq_tp * s.seq_len * s.tokens / s.tp / 2  # causal half
@@ -152,23 +157,39 @@ def _tp_comm(layer: Layer, s: Split, spans: Spans, cluster: Cluster, p: CostPara
 
 
 def _cp_comm(layer: Layer, s: Split, spans: Spans, cluster: Cluster, p: CostParams, attn_fwd_s: float) -> float:
-    """Exposed forward ring-attention K/V exchange: cp − 1 sends of the local K and V, overlapped
-    with attention compute (Liu et al. 2023, Ring Attention; Megatron --cp-comm-type p2p)."""
+    """Exposed forward context-parallel communication of one layer, by Megatron --cp-comm-type:
+    p2p: cp − 1 ring sends of the local K and V, overlapped with attention (Liu et al. 2023, Ring
+      Attention; causal load balancing with 2·cp chunks keeps the steps equal);
+    a2a: four all-to-alls scattering heads and gathering sequence (q, k, v in, output back;
+      Jacobs et al. 2023, DeepSpeed-Ulysses), not overlapped;
+    allgather: an all-gather of K and V over the cp group before attention, not overlapped."""
     if s.cp == 1 or not layer.num_heads:
         return 0.0
     kv_bytes = s.tokens * layer.num_kv_heads * (layer.head_dim_qk + layer.head_dim_v) * BF16_BYTES / s.tp
+    if s.cp_comm_type == "a2a":
+        q_out_bytes = s.tokens * layer.num_heads * (layer.head_dim_qk + layer.head_dim_v) * BF16_BYTES / s.tp
+        return comm.all_to_all_s(kv_bytes + q_out_bytes, spans.cp, cluster, p)
+    if s.cp_comm_type == "allgather":
+        return comm.all_gather_s(kv_bytes * s.cp, spans.cp, cluster, p)
     step = comm.send_recv_s(kv_bytes, spans.cp.crosses_nodes, cluster, p)
     total = (s.cp - 1) * step
     return max(total * (1.0 - p.cp_overlap), total - attn_fwd_s)
 
 
 def _ep_comm(layer: Layer, s: Split, spans: Spans, cluster: Cluster, p: CostParams) -> float:
-    """Forward token dispatch + combine: two all-to-alls over the EP group of the routed tokens
-    (Megatron alltoall dispatcher), plus an all-gather/reduce-scatter over ETP when etp > 1."""
+    """Forward token dispatch + combine over the EP group: two all-to-alls of the routed tokens
+    (Megatron alltoall dispatcher; the busiest rank receives `moe_load` × the mean), or an
+    all-gather of every rank's tokens and a reduce-scatter of the outputs (allgather dispatcher);
+    plus an all-gather/reduce-scatter over ETP when etp > 1."""
     if not layer.num_experts:
         return 0.0
-    routed_bytes = s.tokens / (s.tp if s.sp else 1) * layer.top_k * s.hidden * BF16_BYTES * s.moe_imbalance
-    t = 2.0 * comm.all_to_all_s(routed_bytes, spans.ep, cluster, p)
+    local_tokens = s.tokens / (s.tp if s.sp else 1)
+    routed_bytes = local_tokens * layer.top_k * s.hidden * BF16_BYTES * s.moe_load
+    if s.moe_dispatcher == "allgather":
+        gathered = local_tokens * s.hidden * BF16_BYTES * spans.ep.size
+        t = comm.all_gather_s(gathered, spans.ep, cluster, p) + comm.reduce_scatter_s(gathered, spans.ep, cluster, p)
+    else:
+        t = 2.0 * comm.all_to_all_s(routed_bytes, spans.ep, cluster, p)
     if s.etp > 1:
         t += comm.all_gather_s(routed_bytes * s.etp, spans.etp, cluster, p)
         t += comm.reduce_scatter_s(routed_bytes * s.etp, spans.etp, cluster, p)

@@ -96,6 +96,14 @@ def assign_layers(graph: ModelGraph, plan: ParallelPlan) -> list[list[Layer]]:
     return stages
 
 
+def moe_load(plan: ParallelPlan) -> float:
+    """Busiest expert rank's token load over the mean: the stated imbalance, capped by the capacity
+    factor when tokens beyond capacity are dropped."""
+    if plan.moe_capacity_factor is None:
+        return plan.moe_load_imbalance
+    return min(plan.moe_load_imbalance, plan.moe_capacity_factor)
+
+
 @dataclass(frozen=True, slots=True)
 class _Setup:
     split: Split
@@ -118,7 +126,8 @@ def _setup(graph: ModelGraph, cluster: Cluster, plan: ParallelPlan, p: CostParam
         peak *= p.fp8_speedup
     split = Split(tp=plan.tp, sp=plan.sequence_parallel, cp=plan.cp, ep=plan.ep, etp=etp,
                   tokens=plan.mbs * plan.seq_len / plan.cp, seq_len=plan.seq_len, hidden=graph.spec.hidden_size,
-                  peak_flops=peak)
+                  peak_flops=peak, moe_load=moe_load(plan) if graph.spec.moe else 1.0,
+                  cp_comm_type=plan.cp_comm_type, moe_dispatcher=plan.moe_dispatcher)
     spans = Spans(tp=comm.group_span(plan.tp, 1, gpn), cp=comm.group_span(plan.cp, plan.tp, gpn),
                   ep=comm.group_span(plan.ep, etp, gpn), etp=comm.group_span(etp, 1, gpn))
     # Gradients are reduced, and the distributed optimizer shards, over dp·cp: CP ranks hold the same

@@ -71,6 +71,17 @@ class ParallelPlan(BaseModel):
     overlap_grad_reduce: bool = Field(True, description="Overlap DP gradient reduction with backward.")
     overlap_param_gather: bool = Field(True, description="Overlap ZeRO parameter all-gather with compute.")
     tp_comm_overlap: bool = Field(False, description="Overlap TP communication with GEMMs (needs sp).")
+    cp_comm_type: Literal["p2p", "a2a", "allgather"] = Field(
+        "p2p", description="Context-parallel attention (Megatron --cp-comm-type): p2p ring with K/V exchange "
+        "overlapped, a2a (Ulysses: heads scattered, needs kv heads / tp divisible by cp), allgather of K/V.")
+    moe_dispatcher: Literal["alltoall", "allgather"] = Field(
+        "alltoall", description="MoE token dispatcher (Megatron --moe-token-dispatcher-type).")
+    moe_load_imbalance: float = Field(
+        1.25, ge=1.0, description="Tokens on the busiest expert rank over the mean, for dropless routing. Default "
+        "1.25: the capacity factor Switch Transformer recommends (Fedus et al. 2022 §2.2) as the load margin.")
+    moe_capacity_factor: float | None = Field(
+        None, gt=0, description="Expert capacity factor (Megatron --moe-expert-capacity-factor); None = dropless. "
+        "Tokens beyond capacity are dropped, so the busiest rank carries min(imbalance, capacity factor).")
     framework: Literal["megatron", "deepspeed", "torchtitan"] = Field("megatron", description="Target framework.")
     layers_per_stage: tuple[int, ...] | None = Field(
         None, description="Decoder layers per virtual stage (pp·vpp entries, in execution order); None = "
@@ -143,6 +154,9 @@ def plan_violations(plan: ParallelPlan, num_gpus: int, num_layers: int, num_head
     if plan.tp_comm_overlap and not plan.sequence_parallel:
         out.append("tp communication overlap needs sequence parallelism (Megatron: --tp-comm-overlap needs "
                    "--sequence-parallel); enable sp or drop the overlap")
+    if plan.cp > 1 and plan.cp_comm_type == "a2a" and (num_kv_heads // max(plan.tp, 1)) % plan.cp:
+        out.append(f"cp_comm_type a2a scatters heads over cp: the {num_kv_heads} kv heads / tp {plan.tp} are not "
+                   f"divisible by cp {plan.cp}; use p2p or allgather, or a cp that divides them")
     if plan.cp > 1 and plan.seq_len % (2 * plan.cp):
         out.append(f"sequence length {plan.seq_len} must be divisible by 2·cp = {2 * plan.cp} "
                    "(causal load balancing); change cp or the sequence length")

@@ -1,0 +1,248 @@
+"""The search's view of the cost model: per-layer NumPy tables and cheap bounds, built from the
+very functions `autopar.cost.step.estimate` uses, so search and evaluation cannot disagree.
+
+Nothing here is a second cost model. Per-layer time comes from `layer_cost`; per-layer saved
+activations, recompute working bytes and parameters come from the estimate's private
+`_stage_activation_bytes` / `_stage_params` applied to a one-layer stage; rank memory is the
+estimate's own `_rank_memory` (private names imported on purpose: the search must price a plan
+exactly as `estimate` does).
+
+  time_lower_bound_s: the estimate's pipeline closed form (`_pipeline_step_s`, Narayanan et al.
+    SC'21 §2.2 generalized to unequal ranks) over the exact per-rank forward + backward + recompute
+    sums of the plan's layer split, plus the p2p term; the DP sync and the optimizer step (both ≥ 0)
+    are left out, so it is a lower bound. Full recompute of the first K layers is charged the
+    cheapest decoder's recompute time.
+  memory_lower_bound_bytes: the exact peak of the first and the last pipeline rank (the estimate's
+    own `_rank_memory`); the plan's peak is the maximum over all ranks, so this is a lower bound.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from functools import cached_property
+
+import numpy as np
+
+from autopar.cost import comm, memory
+from autopar.cost.layer import BF16_BYTES, layer_cost
+from autopar.cost.params import CostParams
+from autopar.cost.step import (
+    _pipeline_step_s,
+    _rank_memory,
+    _setup,
+    _stage_activation_bytes,
+    _stage_params,
+    assign_layers,
+    stage_layer_counts,
+)
+from autopar.hardware import Cluster
+from autopar.model.graph import ModelGraph
+from autopar.schema.plan import ParallelPlan, Recompute
+
+MODES = ("none", "selective", "full")
+
+
+@dataclass(frozen=True)
+class LayerTable:
+    """Per-layer costs of one split (tp, sp, cp, ep, etp, mbs, precision), in graph order
+    (embedding, decoders, MTP, head). Seconds per microbatch on one GPU; bytes on one GPU."""
+
+    is_decoder: np.ndarray  # bool
+    fb_s: np.ndarray  # forward + backward, no recompute
+    recompute_s: dict[str, np.ndarray]  # mode -> extra backward seconds (0 off the decoders)
+    params_dense: np.ndarray  # parameters on one GPU outside the routed experts
+    params_expert: np.ndarray  # routed-expert parameters on one GPU
+    saved_bytes: dict[str, np.ndarray]  # mode -> bytes kept for backward, one microbatch
+    work_bytes: dict[str, np.ndarray]  # mode -> transient bytes while recomputing the layer
+    p2p_s: tuple[float, float]  # send of one microbatch's stage boundary (inside a node, across)
+
+    @cached_property
+    def num_decoders(self) -> int:
+        return int(self.is_decoder.sum())
+
+    @cached_property
+    def sums(self) -> dict[str, float]:
+        out = {"fb": float(self.fb_s.sum())}
+        out.update({m: float(v.sum()) for m, v in self.recompute_s.items()})
+        out["full_per_layer"] = float(self.recompute_s["full"][self.is_decoder].min())
+        out["dense"], out["expert"] = float(self.params_dense.sum()), float(self.params_expert.sum())
+        out.update({f"saved_{m}": float(v.sum()) for m, v in self.saved_bytes.items()})
+        return out
+
+
+def split_key(plan: ParallelPlan) -> tuple:
+    """What a layer's cost depends on; pp, vpp, zero and the recompute mode do not enter."""
+    modules = plan.recompute.modules if plan.recompute.mode == "selective" else ("core_attn",)
+    return (plan.tp, plan.sequence_parallel, plan.cp, plan.ep, plan.expert_tp, plan.mbs, plan.seq_len,
+            plan.precision, plan.tp_comm_overlap, modules)
+
+
+def layer_table(graph: ModelGraph, cluster: Cluster, plan: ParallelPlan, p: CostParams) -> LayerTable:
+    """The table of `plan`'s split, from the estimate's per-layer functions."""
+    st = _setup(graph, cluster, plan, p)
+    modules = split_key(plan)[-1]
+    mode_plans = {m: plan.model_copy(update={"recompute": Recompute(mode=m, modules=modules)}) for m in MODES}
+    kind_to_row: dict[str, tuple] = {}
+    rows = []
+    for layer in graph.layers:
+        key = layer.kind if layer.kind in ("dense", "moe") else layer.name
+        if key not in kind_to_row:
+            c = layer_cost(layer, st.split, st.spans, cluster, p, plan.tp_comm_overlap)
+            acts = {m: _stage_activation_bytes([layer], mp, st.split.tokens) for m, mp in mode_plans.items()}
+            dense, expert, _ = _stage_params([layer], plan, False, graph.layers[0])
+            dec = layer.kind in ("dense", "moe")
+            kind_to_row[key] = (dec, c.fwd_s + c.bwd_s, {m: c.recompute_s(m, modules) if dec else 0.0 for m in MODES},
+                                dense, expert, acts)
+        rows.append(kind_to_row[key])
+    p2p_bytes = st.split.tokens * graph.spec.hidden_size * BF16_BYTES / (plan.tp if plan.sequence_parallel else 1)
+    return LayerTable(
+        is_decoder=np.array([r[0] for r in rows]), fb_s=np.array([r[1] for r in rows]),
+        recompute_s={m: np.array([r[2][m] for r in rows]) for m in MODES},
+        params_dense=np.array([r[3] for r in rows]), params_expert=np.array([r[4] for r in rows]),
+        saved_bytes={m: np.array([r[5][m][0] for r in rows]) for m in MODES},
+        work_bytes={m: np.array([r[5][m][1] for r in rows]) for m in MODES},
+        p2p_s=(comm.send_recv_s(p2p_bytes, False, cluster, p), comm.send_recv_s(p2p_bytes, True, cluster, p)),
+    )
+
+
+class Pricer:
+    """Tables and bounds for one (model, cluster, cost model); candidates that share a split share
+    a table, and `_setup` results are shared per (split, dp)."""
+
+    def __init__(self, graph: ModelGraph, cluster: Cluster, p: CostParams) -> None:
+        self.graph, self.cluster, self.p = graph, cluster, p
+        self._key_to_table: dict[tuple, LayerTable] = {}
+        self._key_to_crosses: dict[tuple, bool] = {}
+        self._key_to_states: dict[tuple, tuple[float, float]] = {}
+        self._key_to_extremes: dict[tuple, list[float]] = {}
+
+    def table(self, plan: ParallelPlan) -> LayerTable:
+        key = split_key(plan)
+        if key not in self._key_to_table:
+            self._key_to_table[key] = layer_table(self.graph, self.cluster, plan, self.p)
+        return self._key_to_table[key]
+
+    def _pp_crosses_nodes(self, plan: ParallelPlan) -> bool:
+        key = (plan.tp, plan.cp, plan.pp)
+        if key not in self._key_to_crosses:
+            self._key_to_crosses[key] = _setup(self.graph, self.cluster, plan, self.p).pp_crosses_nodes
+        return self._key_to_crosses[key]
+
+    def time_lower_bound_s(self, plan: ParallelPlan) -> float:
+        """≤ estimate(plan).step_time_s: the estimate's own pipeline closed form over the exact
+        per-rank forward + backward (+ recompute) sums, plus p2p; DP sync and optimizer left out."""
+        ranks = self._rank_times(plan)
+        m = plan.num_microbatches(self.cluster.num_gpus)
+        pipe, _ = _pipeline_step_s(ranks, [0.0] * len(ranks), m, plan.vpp, 0.0)
+        p2p = 2.0 * (plan.pp - 1) * self.table(plan).p2p_s[self._pp_crosses_nodes(plan)] if plan.pp > 1 else 0.0
+        return pipe + p2p
+
+    def _rank_times(self, plan: ParallelPlan) -> list[float]:
+        """Forward + backward + recompute per microbatch of each pipeline rank. A full(K)
+        plan is charged the cheapest decoder's recompute for min(K, layers) layers of each stage."""
+        r = plan.recompute
+        key = (split_key(plan), r.mode, r.num_layers, plan.pp, plan.vpp, plan.layers_per_stage)
+        if key not in self._key_to_extremes:
+            t = self.table(plan)
+            uniform = r.mode != "full" or r.num_layers is None
+            prefix = np.concatenate(([0.0], np.cumsum(t.fb_s + (t.recompute_s[r.mode] if uniform else 0.0))))
+            counts = plan.layers_per_stage or stage_layer_counts(t.num_decoders, plan.pp * plan.vpp)
+            lo, hi = np.array(stage_bounds(len(t.fb_s), counts, int(np.argmax(t.is_decoder)))).T
+            stage = prefix[hi] - prefix[lo]
+            if not uniform:
+                stage = stage + t.sums["full_per_layer"] * np.minimum(np.array(counts), r.num_layers)
+            ranks = stage.reshape(plan.vpp, plan.pp).sum(axis=0)
+            self._key_to_extremes[key] = ranks.tolist()
+        return self._key_to_extremes[key]
+
+    def quick_memory_lower_bound_bytes(self, plan: ParallelPlan) -> float:
+        """O(1) bound: the mean rank's model states plus one microbatch of its saved activations,
+        with the estimate's overheads (the peak rank holds at least the mean of each)."""
+        t = self.table(plan)
+        per_dense, per_expert = self._state_bytes_per_param(plan)
+        states = (per_dense * t.sums["dense"] + per_expert * t.sums["expert"]) / plan.pp
+        saved = t.sums[f"saved_{plan.recompute.mode}"] / plan.pp  # full(K) saves at least full's bytes
+        p = self.p
+        return memory.with_overheads(states + saved, p.cuda_context_bytes, p.comm_buffer_bytes, p.fragmentation)
+
+    def _state_bytes_per_param(self, plan: ParallelPlan) -> tuple[float, float]:
+        """Bytes of weights + grads + optimizer per local dense / expert parameter. The shard is the
+        cost model's DP group (dp·cp, `_setup`'s dp_span); experts shard over min(that, edp)."""
+        key = (plan.tp, plan.cp, plan.pp, plan.ep, plan.expert_tp, plan.zero, plan.zero_shard_size)
+        if key not in self._key_to_states:
+            st = _setup(self.graph, self.cluster, plan, self.p)
+            shard = plan.zero_shard_size or st.dp_span.size
+            fw = plan.framework
+            self._key_to_states[key] = (sum(memory.model_state_bytes(1.0, fw, plan.zero, shard).values()),
+                                        sum(memory.model_state_bytes(1.0, fw, plan.zero, min(shard, st.edp)).values()))
+        return self._key_to_states[key]
+
+    def memory_lower_bound_bytes(self, plan: ParallelPlan) -> float:
+        """Peak of ranks 0 and pp − 1 by the estimate's own `_rank_memory`: ≤ estimate's peak."""
+        st = _setup(self.graph, self.cluster, plan, self.p)
+        stages = assign_layers(self.graph, plan)
+        out = 0.0
+        for r in {0, plan.pp - 1}:
+            chunks = [stages[c * plan.pp + r] for c in range(plan.vpp)]
+            out = max(out, _rank_memory(r, chunks, self.graph, plan, st, self.p)[0])
+        return out
+
+
+@dataclass(frozen=True)
+class StageMemoryModel:
+    """Bytes of pipeline rank r holding layers L, as the DP and the ILP see it:
+        with_overheads(state_per_param · Σ_L params + inflight_r / vpp · Σ_L saved + max_L work + extra_r)
+    inflight_r: microbatches in flight under 1F1B, model chunks in flight under interleaving (whose
+    activations the cost model takes as the rank's mean chunk, Σ_L saved / vpp).
+    `state_per_dense`/`state_per_expert` are the bytes of weights + grads + optimizer per local
+    parameter after ZeRO sharding; extra_r is the tied-embedding copy on the last stage.
+    `usable_bytes` inverts the overheads: a stage fits when its allocated bytes ≤ usable_bytes."""
+
+    state_per_dense: float
+    state_per_expert: float
+    inflight: tuple[int, ...]
+    usable_bytes: float
+    extra_last_bytes: float
+
+
+def stage_memory_model(graph: ModelGraph, cluster: Cluster, plan: ParallelPlan, p: CostParams,
+                       memory_margin: float) -> StageMemoryModel:
+    """The linear memory model of a plan's ranks (matches `_rank_memory` for ZeRO < 3, tested)."""
+    st = _setup(graph, cluster, plan, p)
+    shard = plan.zero_shard_size or st.dp * plan.cp
+    per_dense = sum(memory.model_state_bytes(1.0, plan.framework, plan.zero, shard).values())
+    per_expert = sum(memory.model_state_bytes(1.0, plan.framework, plan.zero, min(shard, st.edp)).values())
+    cap = cluster.hbm_bytes * (1.0 - memory_margin)
+    usable = (cap - p.cuda_context_bytes - p.comm_buffer_bytes) / (1.0 + p.fragmentation)
+    tied = graph.spec.tie_embeddings and plan.pp > 1 and plan.framework == "megatron"
+    extra = per_dense * graph.layers[0].params_tp / plan.tp if tied else 0.0
+    if plan.vpp > 1:
+        inflight = tuple(memory.inflight_chunks_interleaved(plan.pp, plan.vpp, r, st.m) for r in range(plan.pp))
+    else:
+        inflight = tuple(memory.inflight_microbatches_1f1b(plan.pp, r, st.m) for r in range(plan.pp))
+    return StageMemoryModel(per_dense, per_expert, inflight, usable, extra)
+
+
+def stage_inputs(table: LayerTable, mem: StageMemoryModel, plan: ParallelPlan):
+    """The DP's arrays for a vpp = 1 plan whose recompute mode applies to every decoder."""
+    from autopar.search.partition import StageInputs
+
+    mode = "full" if plan.recompute.mode == "full" else plan.recompute.mode
+    return StageInputs(
+        time_s=table.fb_s + table.recompute_s[mode],
+        state_bytes=mem.state_per_dense * table.params_dense + mem.state_per_expert * table.params_expert,
+        saved_bytes=table.saved_bytes[mode], work_bytes=table.work_bytes[mode], is_decoder=table.is_decoder,
+        inflight=mem.inflight, usable_bytes=mem.usable_bytes, extra_last_bytes=mem.extra_last_bytes)
+
+
+def stage_bounds(num_items: int, counts: tuple[int, ...], first_decoder: int = 1) -> list[tuple[int, int]]:
+    """[start, end) of each stage in graph order: the items before the first decoder (embedding)
+    join the first stage, the items after the last decoder (MTP, head) the last stage, as
+    autopar.cost.step.assign_layers places them."""
+    out, start = [], first_decoder
+    for c in counts:
+        out.append((start, start + c))
+        start += c
+    out[0] = (0, out[0][1])
+    out[-1] = (out[-1][0], num_items)
+    return out

@@ -1,0 +1,285 @@
+"""The search driver: enumerate, bound, score, refine.
+
+1. Enumerate the flat candidate list (autopar.search.space): every valid combination of degrees,
+   micro batch, ZeRO stage and recompute mode, with the default layer split.
+2. Bound: each candidate gets a cheap lower bound on its step time (autopar.search.costs:
+   per-layer costs summed and spread evenly over the pipeline). Candidates are visited in
+   ascending bound order (ties by the plan's axes), and the walk stops as soon as a bound exceeds
+   the K-th best step time found so far — no later candidate can enter the top K.
+3. Score: a visited candidate whose first/last pipeline rank already overflows memory (the
+   estimate's own rank memory) is pruned; the rest are scored by `estimate`, the one model.
+4. Refine: for the best visited candidates, the partition DP (partition.py; vpp = 1) moves layers
+   between stages and the CP-SAT model (ilp.py) picks per-stage recompute, mapped onto full(K); the
+   refined plans are scored by `estimate` too, so a refinement is kept only when the estimate says
+   it is faster and fits.
+
+Step 2–3 is exact over the enumerated space: the best plan equals the minimum of `estimate` over
+every candidate (tests check this against brute force). Refinement can only improve on it.
+"""
+
+from __future__ import annotations
+
+import bisect
+import math
+import time
+from collections.abc import Callable
+from dataclasses import dataclass, field
+
+from autopar.cost.params import CostParams
+from autopar.cost.step import Estimate, estimate, stage_layer_counts
+from autopar.errors import NoFeasiblePlanError
+from autopar.hardware import Cluster
+from autopar.model.graph import ModelGraph
+from autopar.schema.plan import FRAMEWORK_ZERO_STAGES, ParallelPlan, Recompute, plan_violations
+from autopar.search.costs import Pricer, stage_inputs, stage_memory_model
+from autopar.search.ilp import recompute_problem, solve_recompute
+from autopar.search.partition import partition_layers
+from autopar.search.space import DEFAULT_MEMORY_MARGIN, SpaceSpec, candidates, space_spec_for
+from autopar.units import GiB
+
+Progress = Callable[[str, int, int], None]  # (phase, done, total); phases: score, refine
+REFINE_POOL = 16  # candidates (at least `top`) handed to the DP and the ILP
+_MODE_ORDER = {"none": 0, "selective": 1, "full": 2}
+
+
+@dataclass
+class SearchResult:
+    """Best plans first (by estimated step time, then by their axes), only plans that fit.
+
+    candidates: plans enumerated; pruned: skipped by a bound (pruned_time + pruned_memory);
+    scored: enumerated plans priced by `estimate`; feasible: scored plans that fit; refined: plans
+    the DP/ILP proposed and `estimate` priced; time_s: wall time of the search."""
+
+    plans: list[tuple[ParallelPlan, Estimate]]
+    candidates: int
+    pruned: int
+    scored: int
+    feasible: int
+    time_s: float
+    pruned_time: int = 0
+    pruned_memory: int = 0
+    refined: int = 0
+    num_gpus: int = 0
+    notes: list[str] = field(default_factory=list)
+
+    @property
+    def best(self) -> tuple[ParallelPlan, Estimate]:
+        return self.plans[0]
+
+
+def plan_key(plan: ParallelPlan) -> tuple:
+    """Total order on plans used to break ties (same input → same plans, every run)."""
+    r = plan.recompute
+    return (plan.tp, plan.pp, plan.cp, plan.ep, plan.expert_tp, plan.vpp, plan.mbs, plan.zero,
+            plan.sequence_parallel, _MODE_ORDER[r.mode], -1 if r.num_layers is None else r.num_layers,
+            r.modules, plan.layers_per_stage or ())
+
+
+@dataclass
+class _Walk:
+    """Mutable state of one branch-and-bound walk."""
+
+    top: int
+    capacity_bytes: float
+    best: list[tuple[float, tuple, ParallelPlan, Estimate]] = field(default_factory=list)
+    visited: list[tuple[float, tuple, ParallelPlan]] = field(default_factory=list)
+    shortfalls: list[tuple[float, tuple, ParallelPlan, bool]] = field(default_factory=list)  # (bytes, key, plan, exact)
+    seen: set = field(default_factory=set)
+    scored: int = 0
+    feasible: int = 0
+    refined: int = 0
+    pruned_time: int = 0
+    pruned_memory: int = 0
+
+    @property
+    def kth_s(self) -> float:
+        return self.best[self.top - 1][0] if len(self.best) >= self.top else math.inf
+
+    def add(self, plan: ParallelPlan, est: Estimate) -> None:
+        key = plan_key(plan)
+        if key in self.seen:
+            return
+        self.seen.add(key)
+        bisect.insort(self.best, (est.step_time_s, key, plan, est), key=lambda x: (x[0], x[1]))
+        del self.best[self.top:]
+
+
+def search(model: str, cluster: str, gpus: int, seq_len: int, global_batch: int, *, top: int = 5,
+           framework: str = "megatron", fix: dict | None = None, max_tp: int | None = None,
+           memory_margin: float = DEFAULT_MEMORY_MARGIN, precision: str = "bf16", cost_model: str | None = None,
+           progress: Progress | None = None, refine: bool = True) -> SearchResult:
+    """The `top` fastest plans of `model` on `gpus` GPUs of `cluster` that fit in memory with
+    `memory_margin` of HBM kept free (default 0.1: allocator spikes and NCCL growth no model sees).
+
+    fix pins axes by the CLI's names (tp pp dp cp ep etp vpp mbs zero sp recompute); max_tp caps tp;
+    precision and framework are the user's choice, not searched. Raises NoFeasiblePlanError, with
+    the smallest memory shortfall and the fixes, when no plan fits, and when `fix` leaves no valid
+    plan (quoting the validator)."""
+    from autopar.api import load_cluster, load_model, resolve_cost_model
+
+    graph = load_model(model)
+    c = load_cluster(cluster, gpus)
+    p = resolve_cost_model(c, cost_model)
+    spec = space_spec_for(graph, c, seq_len, global_batch, framework=framework, precision=precision, fix=fix,
+                          max_tp=max_tp)
+    return search_graph(graph, c, p, spec, top=top, memory_margin=memory_margin, progress=progress, refine=refine)
+
+
+def search_graph(graph: ModelGraph, cluster: Cluster, p: CostParams, spec: SpaceSpec, *, top: int = 5,
+                 memory_margin: float = DEFAULT_MEMORY_MARGIN, progress: Progress | None = None,
+                 refine: bool = True) -> SearchResult:
+    """`search` on loaded inputs (the form tests and notebooks with custom graphs use)."""
+    start = time.perf_counter()
+    plans = candidates(spec)
+    pricer = Pricer(graph, cluster, p)
+    walk = _Walk(top=top, capacity_bytes=cluster.hbm_bytes * (1.0 - memory_margin))
+    _branch_and_bound(plans, pricer, walk, memory_margin, progress)
+    if refine:
+        _refine(spec, pricer, walk, memory_margin, progress)
+    if not walk.best:
+        raise NoFeasiblePlanError(_nothing_fits_message(spec, pricer, walk, memory_margin))
+    return SearchResult(
+        plans=[(plan, est) for _, _, plan, est in walk.best], candidates=len(plans),
+        pruned=walk.pruned_time + walk.pruned_memory, scored=walk.scored, feasible=walk.feasible,
+        time_s=time.perf_counter() - start, pruned_time=walk.pruned_time, pruned_memory=walk.pruned_memory,
+        refined=walk.refined, num_gpus=cluster.num_gpus)
+
+
+def refine_plan(graph: ModelGraph, cluster: Cluster, p: CostParams, plan: ParallelPlan, *,
+                memory_margin: float = DEFAULT_MEMORY_MARGIN, fix: dict | None = None) -> list[tuple[ParallelPlan, Estimate]]:
+    """The DP-balanced split and the ILP's recompute applied to one given plan (e.g. a published
+    layout), each priced by `estimate`; only variants that fit, fastest first."""
+    spec = space_spec_for(graph, cluster, plan.seq_len, plan.global_batch, framework=plan.framework,
+                          precision=plan.precision, fix=fix)
+    pricer = Pricer(graph, cluster, p)
+    walk = _Walk(top=8, capacity_bytes=cluster.hbm_bytes * (1.0 - memory_margin))
+    for variant in _variants(spec, pricer, plan, memory_margin):
+        _score_refined(spec, pricer, walk, variant, memory_margin)
+    return [(x, est) for _, _, x, est in walk.best]
+
+
+def _branch_and_bound(plans: list[ParallelPlan], pricer: Pricer, walk: _Walk, memory_margin: float,
+                      progress: Progress | None) -> None:
+    """Visit candidates by ascending time bound; stop when the bound passes the K-th best."""
+    bounds = [pricer.time_lower_bound_s(x) for x in plans]
+    keys = [plan_key(x) for x in plans]
+    order = sorted(range(len(plans)), key=lambda i: (bounds[i], keys[i]))
+    for pos, i in enumerate(order):
+        if bounds[i] > walk.kth_s:
+            walk.pruned_time = len(order) - pos
+            break
+        if progress and pos % 64 == 0:
+            progress("score", pos, len(order))
+        plan = plans[i]
+        walk.visited.append((bounds[i], keys[i], plan))
+        low = pricer.quick_memory_lower_bound_bytes(plan)
+        if low <= walk.capacity_bytes:
+            low = pricer.memory_lower_bound_bytes(plan)
+        if low > walk.capacity_bytes:
+            walk.pruned_memory += 1
+            walk.shortfalls.append((low - walk.capacity_bytes, keys[i], plan, False))
+            continue
+        est = estimate(pricer.graph, pricer.cluster, plan, pricer.p, memory_margin)
+        walk.scored += 1
+        if est.fits:
+            walk.feasible += 1
+            walk.add(plan, est)
+        else:
+            walk.shortfalls.append((est.peak_memory_bytes - walk.capacity_bytes, keys[i], plan, True))
+
+
+def _refine(spec: SpaceSpec, pricer: Pricer, walk: _Walk, memory_margin: float, progress: Progress | None) -> None:
+    """DP partition (vpp = 1, pp > 1) and ILP recompute on the best visited candidates (by bound)
+    that could fit with full recompute and whose no-recompute bound can still beat the K-th best."""
+    if walk.best:
+        pool = [x for _, _, x in walk.visited if x.recompute.mode != "full"]
+    else:  # nothing fits yet: try the candidates closest to fitting
+        pool = [x for _, _, x, _ in sorted(walk.shortfalls, key=lambda t: (t[0], t[1]))]
+    limit, done = max(REFINE_POOL, walk.top), 0
+    for plan in pool:
+        if done >= limit:
+            break
+        if not _worth_refining(plan, pricer, walk):
+            continue
+        done += 1
+        if progress:
+            progress("refine", done, limit)
+        for variant in _variants(spec, pricer, plan, memory_margin):
+            _score_refined(spec, pricer, walk, variant, memory_margin)
+
+
+def _worth_refining(plan: ParallelPlan, pricer: Pricer, walk: _Walk) -> bool:
+    """Its bound without recompute beats the K-th best, and its first and last ranks fit with full
+    recompute of every layer (the least memory any recompute choice reaches)."""
+    none = plan.model_copy(update={"recompute": Recompute(mode="none")})
+    if pricer.time_lower_bound_s(none) > walk.kth_s:
+        return False
+    full = plan.model_copy(update={"recompute": Recompute(mode="full")})
+    return (pricer.quick_memory_lower_bound_bytes(full) <= walk.capacity_bytes
+            and pricer.memory_lower_bound_bytes(full) <= walk.capacity_bytes)
+
+
+def _variants(spec: SpaceSpec, pricer: Pricer, plan: ParallelPlan, memory_margin: float) -> list[ParallelPlan]:
+    """Plans the DP and the ILP propose from one candidate."""
+    graph, cluster, p = pricer.graph, pricer.cluster, pricer.p
+    table = pricer.table(plan)
+    mem = stage_memory_model(graph, cluster, plan, p, memory_margin)
+    out = []
+    default = stage_layer_counts(graph.spec.num_layers, plan.pp * plan.vpp)
+    counts = default
+    if plan.vpp == 1 and plan.pp > 1:
+        part = partition_layers(stage_inputs(table, mem, plan))
+        if part is not None and part.counts != counts:
+            counts = part.counts
+            out.append(plan.model_copy(update={"layers_per_stage": counts}))
+    if "recompute" not in spec.fix:
+        problem = recompute_problem(table, mem, counts, plan.pp, plan.vpp, plan.num_microbatches(cluster.num_gpus))
+        try:
+            solution = solve_recompute(problem)
+        except NoFeasiblePlanError:
+            return out
+        lps = counts if counts != default else None
+        out.append(plan.model_copy(update={"recompute": solution.to_recompute(), "layers_per_stage": lps}))
+    return out
+
+
+def _score_refined(spec: SpaceSpec, pricer: Pricer, walk: _Walk, plan: ParallelPlan, memory_margin: float) -> None:
+    """Price a refined plan; a mapped full(K) that the estimate finds over memory gets K raised."""
+    if plan_violations(plan, **spec.validator_kwargs()) or plan_key(plan) in walk.seen:
+        return
+    max_k = max(plan.layers_per_stage or stage_layer_counts(spec.num_layers, plan.pp * plan.vpp))
+    while True:
+        est = estimate(pricer.graph, pricer.cluster, plan, pricer.p, memory_margin)
+        walk.refined += 1
+        if est.fits:
+            walk.add(plan, est)
+            return
+        r = plan.recompute
+        if r.mode != "full" or r.num_layers is None or r.num_layers >= max_k:
+            return
+        plan = plan.model_copy(update={"recompute": r.model_copy(update={"num_layers": r.num_layers + 1})})
+
+
+def _nothing_fits_message(spec: SpaceSpec, pricer: Pricer, walk: _Walk, memory_margin: float) -> str:
+    """The smallest shortfall (exact: bounds are re-priced by `estimate`) and what would fix it."""
+    closest = sorted(walk.shortfalls, key=lambda t: (t[0], t[1]))[:16]
+    exact = []
+    for short, key, plan, is_exact in closest:
+        if not is_exact:
+            est = estimate(pricer.graph, pricer.cluster, plan, pricer.p, memory_margin)
+            short = est.peak_memory_bytes - walk.capacity_bytes
+        exact.append((short, key, plan))
+    short, _, plan = min(exact, key=lambda t: (t[0], t[1]))
+    cap_gib = walk.capacity_bytes / GiB
+    fixes = [f"use more GPUs (e.g. {2 * spec.num_gpus})", "a shorter sequence or smaller global batch"]
+    if plan.recompute.mode != "full" or plan.recompute.num_layers is not None:
+        fixes.append("full recompute (fix recompute=full)")
+    higher = [z for z in FRAMEWORK_ZERO_STAGES[spec.framework] if z > plan.zero]
+    fixes.append(f"ZeRO {higher[-1]}" if higher else
+                 f"a framework with ZeRO 3 (deepspeed, torchtitan)" if spec.framework == "megatron" else "")
+    if memory_margin > 0:
+        fixes.append(f"a memory margin below {memory_margin:g}")
+    return (f"no plan fits: with {cap_gib:.1f} GiB usable on each of {spec.num_gpus} GPUs ({memory_margin:.0%} "
+            f"of HBM kept free), the closest plan ({plan.layout()}, mbs {plan.mbs}, recompute "
+            f"{plan.recompute.label()}, zero {plan.zero}) is {short / GiB:.1f} GiB over; "
+            + ", ".join(f for f in fixes if f))

@@ -1,0 +1,251 @@
+"""Per-stage activation recomputation as a CP-SAT integer program.
+
+Given a pipeline whose rank ("stage" below) r holds L_r decoder layers over its vpp model chunks
+(plus the embedding on stage 0 and the head on the last), choose how many of each stage's layers
+run with full recompute, selective recompute (core attention, Korthikanti et al. 2022 §4) or
+none, so that every stage fits and the pipeline's step time is minimal.
+
+Variables (integers, per stage r)
+    f_r, s_r, n_r ∈ [0, L_r]  layers with full / selective / no recompute
+    u_r, v_r ∈ {0, 1}         stage r recomputes some layer fully / selectively
+    w_r ≥ 0                   transient bytes of recomputing one layer
+    M ≥ 0                     the slowest stage's forward + backward time per microbatch
+
+Constraints (one method each below)
+    count:   f_r + s_r + n_r = L_r
+    memory:  vpp·(state_r + w_r) + inflight_r · (fixed_saved_r + f_r·a_full + s_r·a_sel + n_r·a_none)
+                 ≤ vpp · usable
+             w_r ≥ u_r · work_full, w_r ≥ v_r · work_sel, f_r ≤ L_r · u_r, s_r ≤ L_r · v_r
+             (1F1B: stage r holds inflight_r = pp − r microbatches, Narayanan et al. SC'21;
+             interleaved: inflight_r model chunks of Megatron's warm-up, each 1/vpp of the stage's
+             activations on average — autopar.cost.memory; multiplied through by vpp)
+    time:    t_r = base_r + f_r · c_full + s_r · c_sel ≤ M
+
+Objective
+    minimize (vpp·m − 1) · M + Σ_r t_r, vpp times the closed form m·max_r t_r + (Σ_r t_r − max_r t_r)/vpp
+    of autopar.cost.step, without its plan-independent terms.
+
+Costs are scaled to integers (nanoseconds, bytes; memory rounded up so a fitting solution fits).
+Per-layer values are the mean over the stage's decoder layers, exact when they are alike (every
+dense model; DeepSeek's first dense layers make stage 0 an approximation). The solver runs with
+one worker and a fixed seed, so the same input gives the same answer.
+
+The cost model prices one recompute setting per plan (Recompute.mode, and for full the first K
+layers of every virtual stage), so `to_recompute` maps the solution onto it: no recompute → none;
+selective only → selective on every layer; any full → full(K) with K = max_r ⌈(f_r + s_r)/vpp⌉
+(layers the solver left selective become full, which only saves more memory; with unequal chunks
+K per chunk may cover slightly fewer layers). The driver then checks the mapped plan with
+`estimate` and raises K until it fits.
+"""
+
+from __future__ import annotations
+
+import math
+import warnings
+from dataclasses import dataclass
+from itertools import product
+
+import numpy as np
+from ortools.sat.python import cp_model
+
+from autopar.errors import NoFeasiblePlanError
+from autopar.schema.plan import Recompute
+from autopar.units import GiB
+
+TIME_UNITS_PER_S = 1e9  # the solver's time unit: 1 ns
+SOLVER_SEED = 0
+SOLVER_TIME_LIMIT_S = 10.0
+
+
+@dataclass(frozen=True)
+class RecomputeProblem:
+    """Integer data of one instance (see the module docstring for the symbols)."""
+
+    layers: tuple[int, ...]  # L_r
+    base_ns: tuple[int, ...]
+    full_ns: tuple[int, ...]  # c_full per layer
+    sel_ns: tuple[int, ...]
+    state_bytes: tuple[int, ...]  # incl. the tied-embedding copy on the last stage
+    fixed_saved_bytes: tuple[int, ...]  # non-decoder items
+    none_bytes: tuple[int, ...]  # a_none per layer
+    sel_bytes: tuple[int, ...]
+    full_bytes: tuple[int, ...]
+    work_full_bytes: tuple[int, ...]
+    work_sel_bytes: tuple[int, ...]
+    inflight: tuple[int, ...]
+    usable_bytes: int
+    num_microbatches: int
+    vpp: int = 1
+
+    @property
+    def stages(self) -> int:
+        return len(self.layers)
+
+
+@dataclass(frozen=True)
+class RecomputeSolution:
+    full: tuple[int, ...]
+    selective: tuple[int, ...]
+    objective_ns: int
+    status: str  # OPTIMAL | FEASIBLE
+    vpp: int = 1
+
+    def to_recompute(self) -> Recompute:
+        """The cost model's uniform setting for this solution (see the module docstring)."""
+        if any(self.full):
+            return Recompute(mode="full", num_layers=max(-(-(f + s) // self.vpp)
+                                                         for f, s in zip(self.full, self.selective)))
+        if any(self.selective):
+            return Recompute(mode="selective", modules=("core_attn",))
+        return Recompute(mode="none")
+
+
+class RecomputeModel:
+    """Builds and solves the CP-SAT model of one RecomputeProblem."""
+
+    def __init__(self, problem: RecomputeProblem) -> None:
+        self.pb = problem
+        self.model = cp_model.CpModel()
+        self._add_variables()
+        self._add_count_constraints()
+        self._add_memory_constraints()
+        self._add_time_constraints()
+        self._set_objective()
+
+    def _add_variables(self) -> None:
+        pb, md = self.pb, self.model
+        self.f = [md.new_int_var(0, n, f"full_{r}") for r, n in enumerate(pb.layers)]
+        self.s = [md.new_int_var(0, n, f"selective_{r}") for r, n in enumerate(pb.layers)]
+        self.n = [md.new_int_var(0, n, f"none_{r}") for r, n in enumerate(pb.layers)]
+        self.u = [md.new_bool_var(f"any_full_{r}") for r in range(pb.stages)]
+        self.v = [md.new_bool_var(f"any_selective_{r}") for r in range(pb.stages)]
+        work_max = max(max(pb.work_full_bytes), max(pb.work_sel_bytes), 0)
+        self.w = [md.new_int_var(0, work_max, f"work_{r}") for r in range(pb.stages)]
+        t_max = max(b + n * max(cf, cs) for b, n, cf, cs in zip(pb.base_ns, pb.layers, pb.full_ns, pb.sel_ns))
+        self.t = [md.new_int_var(0, t_max, f"time_{r}") for r in range(pb.stages)]
+        self.makespan = md.new_int_var(0, t_max, "makespan")
+
+    def _add_count_constraints(self) -> None:
+        for r, layers in enumerate(self.pb.layers):
+            self.model.add(self.f[r] + self.s[r] + self.n[r] == layers)
+
+    def _add_memory_constraints(self) -> None:
+        pb, md = self.pb, self.model
+        for r in range(pb.stages):
+            md.add(self.f[r] <= pb.layers[r] * self.u[r])
+            md.add(self.s[r] <= pb.layers[r] * self.v[r])
+            md.add(self.w[r] >= pb.work_full_bytes[r] * self.u[r])
+            md.add(self.w[r] >= pb.work_sel_bytes[r] * self.v[r])
+            k, v = pb.inflight[r], pb.vpp
+            md.add(v * pb.state_bytes[r] + k * pb.fixed_saved_bytes[r] + k * pb.full_bytes[r] * self.f[r]
+                   + k * pb.sel_bytes[r] * self.s[r] + k * pb.none_bytes[r] * self.n[r] + v * self.w[r]
+                   <= v * pb.usable_bytes)
+
+    def _add_time_constraints(self) -> None:
+        pb, md = self.pb, self.model
+        for r in range(pb.stages):
+            md.add(self.t[r] == pb.base_ns[r] + pb.full_ns[r] * self.f[r] + pb.sel_ns[r] * self.s[r])
+            md.add(self.t[r] <= self.makespan)
+
+    def _set_objective(self) -> None:
+        self.model.minimize((self.pb.vpp * self.pb.num_microbatches - 1) * self.makespan + sum(self.t))
+
+    def solve(self) -> RecomputeSolution:
+        solver = cp_model.CpSolver()
+        solver.parameters.num_workers = 1
+        solver.parameters.random_seed = SOLVER_SEED
+        solver.parameters.max_time_in_seconds = SOLVER_TIME_LIMIT_S
+        status = solver.solve(self.model)
+        if status == cp_model.INFEASIBLE:
+            raise NoFeasiblePlanError(_infeasible_message(self.pb))
+        if status not in (cp_model.OPTIMAL, cp_model.FEASIBLE):
+            raise NoFeasiblePlanError(f"the recompute solver stopped without a solution "
+                                      f"({solver.status_name(status)}); fix recompute=full or use more GPUs")
+        name = "OPTIMAL" if status == cp_model.OPTIMAL else "FEASIBLE"
+        if name == "FEASIBLE":
+            warnings.warn(f"recompute solver hit its {SOLVER_TIME_LIMIT_S:g} s limit; the per-stage recompute "
+                          "is feasible but may not be optimal", RuntimeWarning, stacklevel=2)
+        return RecomputeSolution(full=tuple(solver.value(x) for x in self.f),
+                                 selective=tuple(solver.value(x) for x in self.s),
+                                 objective_ns=int(round(solver.objective_value)), status=name, vpp=self.pb.vpp)
+
+
+def solve_recompute(problem: RecomputeProblem) -> RecomputeSolution:
+    return RecomputeModel(problem).solve()
+
+
+def _infeasible_message(pb: RecomputeProblem) -> str:
+    worst, over = 0, -math.inf
+    for r in range(pb.stages):
+        need = (pb.state_bytes[r] + pb.work_full_bytes[r]
+                + pb.inflight[r] * (pb.fixed_saved_bytes[r] + pb.layers[r] * pb.full_bytes[r]) / pb.vpp)
+        if need - pb.usable_bytes > over:
+            worst, over = r, need - pb.usable_bytes
+    return (f"even full recompute of every layer leaves pipeline stage {worst} {over / GiB:.1f} GiB over its memory; "
+            "use more GPUs (higher pp or tp), a smaller micro batch or global batch, or a higher ZeRO stage")
+
+
+def objective_ns(pb: RecomputeProblem, full: tuple[int, ...], selective: tuple[int, ...]) -> int | None:
+    """The objective of a choice, or None when some stage does not fit (for brute force)."""
+    times = []
+    for r in range(pb.stages):
+        f, s = full[r], selective[r]
+        n = pb.layers[r] - f - s
+        if n < 0:
+            return None
+        work = max(pb.work_full_bytes[r] if f else 0, pb.work_sel_bytes[r] if s else 0)
+        k, v = pb.inflight[r], pb.vpp
+        mem = v * (pb.state_bytes[r] + work) + k * (pb.fixed_saved_bytes[r] + f * pb.full_bytes[r]
+                                                    + s * pb.sel_bytes[r] + n * pb.none_bytes[r])
+        if mem > v * pb.usable_bytes:
+            return None
+        times.append(pb.base_ns[r] + f * pb.full_ns[r] + s * pb.sel_ns[r])
+    return (pb.vpp * pb.num_microbatches - 1) * max(times) + sum(times)
+
+
+def brute_force_recompute(pb: RecomputeProblem) -> int | None:
+    """Minimum objective over every per-stage (full, selective) count (small instances only)."""
+    per_stage = [[(f, s) for f in range(n + 1) for s in range(n + 1 - f)] for n in pb.layers]
+    best = None
+    for choice in product(*per_stage):
+        val = objective_ns(pb, tuple(c[0] for c in choice), tuple(c[1] for c in choice))
+        if val is not None and (best is None or val < best):
+            best = val
+    return best
+
+
+def recompute_problem(table, mem, counts: tuple[int, ...], pp: int, vpp: int,
+                      num_microbatches: int) -> RecomputeProblem:
+    """The instance of a plan from its layer table (autopar.search.costs.LayerTable), its stage
+    memory model (StageMemoryModel) and decoder layers per virtual stage (pp·vpp entries)."""
+    from autopar.search.costs import stage_bounds
+
+    bounds = stage_bounds(len(table.fb_s), counts, int(np.argmax(table.is_decoder)))
+    state = mem.state_per_dense * table.params_dense + mem.state_per_expert * table.params_expert
+    rows = []
+    for r in range(pp):
+        idx = np.concatenate([np.arange(*bounds[c * pp + r]) for c in range(vpp)])
+        dec, other = idx[table.is_decoder[idx]], idx[~table.is_decoder[idx]]
+
+        def mean(a):
+            return float(a[dec].mean())
+
+        extra = mem.extra_last_bytes if r == pp - 1 else 0.0
+        rows.append((
+            len(dec), _ns(table.fb_s[idx].sum()), _ns(mean(table.recompute_s["full"])),
+            _ns(mean(table.recompute_s["selective"])), _bytes(state[idx].sum() + extra),
+            _bytes(table.saved_bytes["none"][other].sum()), _bytes(mean(table.saved_bytes["none"])),
+            _bytes(mean(table.saved_bytes["selective"])), _bytes(mean(table.saved_bytes["full"])),
+            _bytes(float(table.work_bytes["full"][dec].max())), _bytes(float(table.work_bytes["selective"][dec].max())),
+        ))
+    cols = list(zip(*rows))
+    return RecomputeProblem(*[tuple(c) for c in cols], inflight=tuple(mem.inflight), usable_bytes=int(mem.usable_bytes),
+                            num_microbatches=num_microbatches, vpp=vpp)
+
+
+def _ns(seconds: float) -> int:
+    return int(round(float(seconds) * TIME_UNITS_PER_S))
+
+
+def _bytes(b: float) -> int:
+    return int(math.ceil(float(b)))

@@ -1,0 +1,215 @@
+"""The search space: small generators of valid degrees, a filter through the one plan validator
+(autopar.schema.plan.plan_violations), and a flat list of candidate plans.
+
+Axes and what each generator allows (Megatron-LM conventions, Narayanan et al. SC'21 §3):
+  tp   divisors of gcd(heads, kv heads) that fit in one node (≤ max_tp when given)
+  pp   divisors of the GPU count with pp ≤ decoder layers
+  cp   divisors of the GPU count with seq_len % (2·cp) == 0 (causal load balancing), ≥ 1024 tokens a rank
+  dp   derived: gpus / (tp·pp·cp), and it must divide the global batch
+  ep   divisors of the expert count (MoE only) with etp·ep·pp dividing the GPU count
+  etp  tp or 1 (MoE only; None = tp)
+  vpp  1, or v ≥ 2 with pp·v ≤ layers, microbatches % pp == 0 and an even split (see vpp_options)
+  mbs  divisors of global_batch / dp
+  zero the stages the framework supports (FRAMEWORK_ZERO_STAGES)
+  sp   on when tp > 1 (Megatron's MoE and TP-overlap need it; it never costs memory)
+  recompute  none, selective(core_attn), full (all layers); the ILP refines full(K)
+
+`fix` pins axes by the CLI's names (tp pp dp cp ep etp vpp mbs zero sp recompute); a pinned value
+that the generators would not produce is still tried, so the validator says why it is invalid.
+Precision and the framework are the user's choice and are not searched.
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Iterator
+from dataclasses import dataclass, field
+from typing import Any
+
+from autopar.errors import InvalidPlanError, NoFeasiblePlanError
+from autopar.schema.plan import FRAMEWORK_ZERO_STAGES, ParallelPlan, Recompute, plan_violations
+
+AXES = ("tp", "pp", "dp", "cp", "ep", "etp", "vpp", "mbs", "zero", "sp", "recompute")
+RECOMPUTE_CHOICES = {
+    "none": Recompute(mode="none"),
+    "selective": Recompute(mode="selective", modules=("core_attn",)),
+    "full": Recompute(mode="full"),
+}
+# Ring attention hides its K/V exchange behind attention only when each rank keeps enough of the
+# sequence (Liu et al. 2023); Llama 3 ran cp16 at 131k tokens, 8k per rank. Below 1k per rank the
+# exchange dominates, so such cp are not generated (a pinned cp is still tried).
+MIN_TOKENS_PER_CP_RANK = 1024
+DEFAULT_MEMORY_MARGIN = 0.1  # fraction of HBM kept free for what no model sees (allocator spikes, NCCL growth)
+
+
+@dataclass(frozen=True)
+class SpaceSpec:
+    """Everything the generators read: model shape, cluster shape, batch, and user constraints."""
+
+    num_gpus: int
+    gpus_per_node: int
+    num_layers: int
+    num_heads: int
+    num_kv_heads: int
+    num_experts: int
+    seq_len: int
+    global_batch: int
+    framework: str = "megatron"
+    precision: str = "bf16"
+    fix: dict[str, Any] = field(default_factory=dict)
+    max_tp: int | None = None
+
+    def validator_kwargs(self) -> dict[str, int]:
+        return dict(num_gpus=self.num_gpus, num_layers=self.num_layers, num_heads=self.num_heads,
+                    num_kv_heads=self.num_kv_heads, num_experts=self.num_experts, gpus_per_node=self.gpus_per_node)
+
+
+def space_spec_for(graph, cluster, seq_len: int, global_batch: int, *, framework: str = "megatron",
+                   precision: str = "bf16", fix: dict | None = None, max_tp: int | None = None) -> SpaceSpec:
+    s = graph.spec
+    return SpaceSpec(num_gpus=cluster.num_gpus, gpus_per_node=cluster.gpus_per_node, num_layers=s.num_layers,
+                     num_heads=s.num_attention_heads, num_kv_heads=s.kv_heads,
+                     num_experts=s.moe.num_experts if s.moe else 0, seq_len=seq_len, global_batch=global_batch,
+                     framework=framework, precision=precision, fix=normalize_fix(fix or {}), max_tp=max_tp)
+
+
+def normalize_fix(fix: dict[str, Any]) -> dict[str, Any]:
+    """Check axis names and turn a recompute string into a Recompute."""
+    unknown = sorted(set(fix) - set(AXES))
+    if unknown:
+        raise InvalidPlanError(f"cannot fix unknown axis {', '.join(unknown)}; fixable axes are {', '.join(AXES)}")
+    out = dict(fix)
+    r = out.get("recompute")
+    if isinstance(r, str):
+        if r not in RECOMPUTE_CHOICES:
+            raise InvalidPlanError(f"recompute {r!r} is not one of {', '.join(RECOMPUTE_CHOICES)}; pick one of those")
+        out["recompute"] = RECOMPUTE_CHOICES[r]
+    return out
+
+
+def divisors(n: int) -> list[int]:
+    """Positive divisors of n, ascending."""
+    small = [d for d in range(1, math.isqrt(n) + 1) if n % d == 0]
+    return sorted(set(small + [n // d for d in small]))
+
+
+def _pinned(spec: SpaceSpec, axis: str, options: list) -> list:
+    """The generator's options, or just the pinned value when the user fixed this axis."""
+    return [spec.fix[axis]] if axis in spec.fix else options
+
+
+def tp_options(spec: SpaceSpec) -> list[int]:
+    cap = min(spec.gpus_per_node, spec.max_tp or spec.gpus_per_node)
+    heads = math.gcd(spec.num_heads, spec.num_kv_heads)
+    return _pinned(spec, "tp", [d for d in divisors(heads) if d <= cap and spec.num_gpus % d == 0])
+
+
+def pp_options(spec: SpaceSpec) -> list[int]:
+    return _pinned(spec, "pp", [d for d in divisors(spec.num_gpus) if d <= spec.num_layers])
+
+
+def cp_options(spec: SpaceSpec) -> list[int]:
+    """cp = 1, or divisors with seq_len % (2·cp) == 0 that leave each CP rank ≥ MIN_TOKENS_PER_CP_RANK."""
+    return _pinned(spec, "cp", [d for d in divisors(spec.num_gpus) if d == 1 or (
+        spec.seq_len % (2 * d) == 0 and spec.seq_len // d >= MIN_TOKENS_PER_CP_RANK)])
+
+
+def ep_options(spec: SpaceSpec, tp: int, pp: int) -> list[int]:
+    if not spec.num_experts:
+        return _pinned(spec, "ep", [1])
+    return _pinned(spec, "ep", [e for e in divisors(spec.num_experts) if spec.num_gpus % (e * pp) == 0])
+
+
+def etp_options(spec: SpaceSpec, tp: int) -> list[int | None]:
+    if not spec.num_experts or tp == 1:
+        return _pinned(spec, "etp", [None])
+    return _pinned(spec, "etp", [None, 1])
+
+
+def mbs_options(spec: SpaceSpec, dp: int) -> list[int]:
+    if spec.global_batch % dp:
+        return _pinned(spec, "mbs", [])
+    return _pinned(spec, "mbs", divisors(spec.global_batch // dp))
+
+
+def vpp_options(spec: SpaceSpec, pp: int, num_microbatches: int) -> list[int]:
+    """1, and interleaving degrees v ≥ 2 whose pp·v virtual stages split the layers evenly except
+    that the first and/or last stage (embedding, head) may hold one layer fewer — Llama 3's 405B
+    balancing (Dubey et al. 2024 §3.3.2). Other v give uneven middle stages and are left out."""
+    out = [1]
+    if pp > 1 and num_microbatches % pp == 0:
+        layers = spec.num_layers
+        out += [v for v in range(2, layers // pp + 1) if any((layers + k) % (pp * v) == 0 for k in (0, 1, 2))]
+    return _pinned(spec, "vpp", out)
+
+
+def zero_options(spec: SpaceSpec) -> list[int]:
+    return _pinned(spec, "zero", list(FRAMEWORK_ZERO_STAGES[spec.framework]))
+
+
+def sp_options(spec: SpaceSpec, tp: int) -> list[bool | None]:
+    return _pinned(spec, "sp", [None])  # None = on when tp > 1
+
+
+def recompute_options(spec: SpaceSpec) -> list[Recompute]:
+    return _pinned(spec, "recompute", list(RECOMPUTE_CHOICES.values()))
+
+
+def model_parallel_degrees(spec: SpaceSpec) -> Iterator[tuple[int, int, int, int]]:
+    """(tp, pp, cp, dp) with tp·pp·cp·dp = gpus and dp dividing the global batch."""
+    for tp in tp_options(spec):
+        for pp in pp_options(spec):
+            for cp in cp_options(spec):
+                mp = tp * pp * cp
+                if spec.num_gpus % mp:
+                    continue
+                dp = spec.num_gpus // mp
+                if "dp" in spec.fix and spec.fix["dp"] != dp:
+                    continue
+                if spec.global_batch % dp and "mbs" not in spec.fix:
+                    continue
+                yield tp, pp, cp, dp
+
+
+def raw_candidates(spec: SpaceSpec) -> Iterator[ParallelPlan]:
+    """Every combination the generators produce, before the validator."""
+    for tp, pp, cp, dp in model_parallel_degrees(spec):
+        for mbs in mbs_options(spec, dp):
+            m = spec.global_batch // (dp * mbs) if dp * mbs else 0
+            for ep in ep_options(spec, tp, pp):
+                for etp in etp_options(spec, tp):
+                    for vpp in vpp_options(spec, pp, m):
+                        for zero in zero_options(spec):
+                            for sp in sp_options(spec, tp):
+                                for recompute in recompute_options(spec):
+                                    yield ParallelPlan(
+                                        tp=tp, pp=pp, cp=cp, ep=ep, etp=etp, vpp=vpp, mbs=mbs,
+                                        global_batch=spec.global_batch, seq_len=spec.seq_len, zero=zero, sp=sp,
+                                        recompute=recompute, precision=spec.precision, framework=spec.framework)
+
+
+def candidates(spec: SpaceSpec) -> list[ParallelPlan]:
+    """The flat list of valid candidates. When nothing is valid, raise InvalidPlanError (with
+    `fix`: it quotes the validator on a pinned combination) or NoFeasiblePlanError (without)."""
+    out, first_problem = [], None
+    kwargs = spec.validator_kwargs()
+    for plan in raw_candidates(spec):
+        problems = plan_violations(plan, **kwargs)
+        if problems:
+            first_problem = first_problem or problems
+            continue
+        out.append(plan)
+    if not out:
+        pinned = ", ".join(f"{k}={v.label() if isinstance(v, Recompute) else v}" for k, v in spec.fix.items())
+        why = "; ".join(first_problem) if first_problem else _why_empty(spec)
+        error = InvalidPlanError if pinned else NoFeasiblePlanError
+        raise error(f"no valid plan on {spec.num_gpus} GPUs{' with ' + pinned if pinned else ''}: {why}")
+    return out
+
+
+def _why_empty(spec: SpaceSpec) -> str:
+    if "dp" in spec.fix:
+        return (f"dp {spec.fix['dp']} needs tp·pp·cp = {spec.num_gpus}/{spec.fix['dp']} from the allowed degrees "
+                f"and must divide the global batch {spec.global_batch}; change dp or the GPU count")
+    return (f"no tp·pp·cp from tp {tp_options(spec)}, pp ≤ {spec.num_layers}, cp dividing seq/2 leaves a dp that "
+            f"divides the global batch {spec.global_batch}; change the global batch or the GPU count")
