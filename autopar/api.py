@@ -135,3 +135,133 @@ def plan_to_dict(plan: ParallelPlan, num_gpus: int) -> dict[str, Any]:
     d["sp"] = plan.sequence_parallel
     d["schedule"] = plan.schedule
     return d
+
+
+# --------------------------------------------------------------------------- plan and compare
+
+_INT_AXES = ("tp", "pp", "dp", "cp", "ep", "etp", "vpp", "mbs", "zero")
+
+
+def parse_assignments(text: str, what: str = "--fix") -> dict[str, Any]:
+    """'tp=8,pp=16,mbs=1,recompute=full,sp=on' -> typed dict, with one-line errors."""
+    out: dict[str, Any] = {}
+    for part in filter(None, (x.strip() for x in text.split(","))):
+        key, sep, value = part.partition("=")
+        key, value = key.strip(), value.strip()
+        if not sep or not value:
+            raise InvalidPlanError(f"{what} entry {part!r} must look like axis=value, e.g. tp=8")
+        if key in _INT_AXES:
+            if not value.isdigit():
+                raise InvalidPlanError(f"{what} {key}={value!r}: the value must be a whole number")
+            out[key] = int(value)
+        elif key == "sp":
+            if value.lower() not in ("on", "off", "true", "false", "1", "0"):
+                raise InvalidPlanError(f"{what} sp={value!r}: use sp=on or sp=off")
+            out[key] = value.lower() in ("on", "true", "1")
+        elif key == "recompute":
+            out[key] = value
+        else:
+            raise InvalidPlanError(f"{what} names unknown axis {key!r}; axes are {', '.join(_INT_AXES)}, sp, recompute")
+    return out
+
+
+def plan_from_assignments(text: str, gpus: int, global_batch: int, seq_len: int, **defaults: Any) -> ParallelPlan:
+    """A plan from a --plan string such as 'tp=8,pp=8,mbs=1,recompute=full' (dp is derived)."""
+    a = parse_assignments(text, "--plan")
+    dp = a.pop("dp", None)
+    rec = a.pop("recompute", None)
+    fields = {**defaults, **a, "global_batch": global_batch, "seq_len": seq_len}
+    if rec is not None:
+        fields["recompute"] = {"mode": rec}
+    plan = make_plan(**fields)
+    if dp is not None and plan.model_parallel_size() * dp != gpus:
+        raise InvalidPlanError(f"--plan {text!r}: dp {dp} · tp·pp·cp {plan.model_parallel_size()} != {gpus} GPUs; "
+                               "drop dp (it is derived) or fix the degrees")
+    return plan
+
+
+def search_plans(model: str, cluster: str, gpus: int, seq_len: int | None, global_batch: int, *, top: int = 5,
+                 framework: str = "megatron", fix: str | None = None, max_tp: int | None = None,
+                 memory_margin: float | None = None, precision: str = "bf16", cost_model: str | None = None,
+                 progress=None):
+    """Run the search (autopar.search.search) with CLI-shaped arguments."""
+    from autopar.search import DEFAULT_MEMORY_MARGIN, search
+
+    seq = seq_len or load_model(model).spec.seq_length
+    return search(model, cluster, gpus, seq, global_batch, top=top, framework=framework,
+                  fix=parse_assignments(fix) if fix else None, max_tp=max_tp,
+                  memory_margin=DEFAULT_MEMORY_MARGIN if memory_margin is None else memory_margin,
+                  precision=precision, cost_model=cost_model, progress=progress)
+
+
+def plan_file_for(model: str, cluster: str, gpus: int, plan: ParallelPlan, est: Estimate,
+                  cost_model: str | None = None):
+    """The schema-versioned plan JSON record of one plan."""
+    from autopar import __version__
+    from autopar.schema.plan_file import PlanFile, PlanTarget
+
+    target = PlanTarget(model=model, model_spec=load_model(model).spec, cluster=cluster, gpus=gpus,
+                        cost_model=cost_model)
+    return PlanFile(autopar_version=__version__, target=target, parallel=plan, estimate=estimate_to_dict(est))
+
+
+def plan_entry(plan: ParallelPlan, est: Estimate, gpus: int) -> dict[str, Any]:
+    """One element of `plan --json` / `compare --json`: {"parallel": ..., "estimate": ...}."""
+    return {"parallel": plan_to_dict(plan, gpus), "estimate": estimate_to_dict(est)}
+
+
+def score_plan_file(path: str, cost_model: str | None = None) -> tuple[Any, ParallelPlan, Estimate]:
+    """Re-score a plan JSON under the current cost model."""
+    from autopar.schema.plan_file import read_plan_file
+
+    pf = read_plan_file(path)
+    t = pf.target
+    g = load_model(t.model) if _model_available(t.model) else _graph_from_spec(t.model_spec)
+    c = load_cluster(t.cluster, t.gpus)
+    validate_plan_for(g, c, pf.parallel)
+    return pf, pf.parallel, estimate(g, c, pf.parallel, resolve_cost_model(c, cost_model or t.cost_model))
+
+
+def _model_available(model: str) -> bool:
+    from pathlib import Path
+
+    return model in PRESET_NAMES or Path(model).expanduser().exists()
+
+
+def _graph_from_spec(spec):
+    from autopar.model import build_graph
+
+    return build_graph(spec)
+
+
+def compare_plans(plan_files: list[str], plan_strings: list[str], *, model: str | None = None,
+                  cluster: str | None = None, gpus: int | None = None, global_batch: int | None = None,
+                  seq_len: int | None = None, framework: str = "megatron",
+                  cost_model: str | None = None) -> tuple[list[tuple[str, ParallelPlan, Estimate]], int]:
+    """Score plan files and --plan strings for one model and cluster, in input order."""
+    from autopar.errors import SchemaError
+    from autopar.schema.plan_file import read_plan_file
+
+    if not plan_files and not plan_strings:
+        raise SchemaError("nothing to compare; pass plan JSON files and/or --plan 'tp=8,pp=8,...' strings")
+    entries = []
+    for path in plan_files:
+        pf, plan, est = score_plan_file(path, cost_model)
+        t = pf.target
+        model, cluster, gpus = model or t.model, cluster or t.cluster, gpus or t.gpus
+        global_batch, seq_len = global_batch or plan.global_batch, seq_len or plan.seq_len
+        if (t.model, t.cluster, t.gpus) != (model, cluster, gpus):
+            raise SchemaError(f"{path} is for {t.model} on {t.gpus} x {t.cluster}, not {model} on {gpus} x {cluster}; "
+                              "compare plans of one model and cluster")
+        entries.append((path, plan, est))
+    if plan_strings:
+        missing = [name for name, v in (("--model", model), ("--cluster", cluster), ("--gpus", gpus),
+                                        ("--global-batch", global_batch)) if v is None]
+        if missing:
+            raise SchemaError(f"--plan strings need {', '.join(missing)} (or a plan file to take them from)")
+        seq = seq_len or load_model(model).spec.seq_length
+        for text in plan_strings:
+            plan = plan_from_assignments(text, gpus, global_batch, seq, framework=framework,
+                                         zero=3 if framework == "torchtitan" else 1)
+            entries.append((text, plan, estimate_plan(model, cluster, gpus, plan, cost_model)))
+    return entries, gpus

@@ -199,6 +199,107 @@ def calibrate(
     out.print(f"wrote {out_path}")
 
 
+FrameworkOpt = Annotated[str, typer.Option("--framework", help="Target framework whose limits and memory layout apply: megatron, deepspeed or torchtitan.")]
+PrecisionOpt = Annotated[str, typer.Option("--precision", help="bf16 or fp8 (your choice; not searched).")]
+QuietOpt = Annotated[bool, typer.Option("--quiet", "-q", help="No progress bar.")]
+
+
+def _progress_sink(quiet: bool):
+    """A Rich progress bar on stderr for searches, unless quiet or not a terminal."""
+    if quiet or not sys.stderr.isatty():
+        return None, None
+    from rich.progress import Progress
+
+    bar = Progress(transient=True, console=err)
+    tasks: dict[str, Any] = {}
+
+    def update(phase: str, done: int, total: int) -> None:
+        if phase not in tasks:
+            tasks[phase] = bar.add_task(phase, total=total)
+        bar.update(tasks[phase], completed=done, total=total)
+
+    return bar, update
+
+
+@app.command()
+def plan(
+    model: ModelArg,
+    cluster: ClusterOpt,
+    gpus: GpusOpt,
+    global_batch: Annotated[int, typer.Option("--global-batch", "-b", help="Global batch size in sequences.")],
+    seq_len: SeqOpt = None,
+    top: Annotated[int, typer.Option("--top", min=1, max=100, help="How many of the best plans to list.")] = 5,
+    framework: FrameworkOpt = "megatron",
+    fix: Annotated[Optional[str], typer.Option("--fix", help="Pin axes, e.g. 'tp=8,pp=16,mbs=1' (tp pp dp cp ep etp vpp mbs zero sp recompute).")] = None,
+    max_tp: Annotated[Optional[int], typer.Option("--max-tp", min=1, help="Largest tensor-parallel degree to consider.")] = None,
+    memory_margin: Annotated[Optional[float], typer.Option("--memory-margin", min=0.0, max=0.9, help="Fraction of HBM kept free; default 0.1 (allocator spikes, NCCL growth).")] = None,
+    precision: PrecisionOpt = "bf16",
+    cost_model: CostModelOpt = None,
+    out_path: Annotated[Optional[str], typer.Option("--out", "-o", help="Write the best plan as a schema-versioned plan JSON here.")] = None,
+    quiet: QuietOpt = False,
+    as_json: JsonOpt = False,
+) -> None:
+    """Find the fastest plans that fit, by search over tp, pp, vpp, cp, ep, mbs, ZeRO and recompute."""
+    _check_choice(framework, ("megatron", "deepspeed", "torchtitan"), "--framework")
+    _check_choice(precision, ("bf16", "fp8"), "--precision")
+    bar, update = _progress_sink(quiet or as_json)
+
+    def run():
+        if bar is None:
+            return api.search_plans(model, cluster, gpus, seq_len, global_batch, top=top, framework=framework, fix=fix,
+                                    max_tp=max_tp, memory_margin=memory_margin, precision=precision,
+                                    cost_model=cost_model)
+        with bar:
+            return api.search_plans(model, cluster, gpus, seq_len, global_batch, top=top, framework=framework,
+                                    fix=fix, max_tp=max_tp, memory_margin=memory_margin, precision=precision,
+                                    cost_model=cost_model, progress=update)
+
+    result = _run(run)
+    if out_path:
+        from pathlib import Path
+
+        from autopar.schema.plan_file import write_plan_file
+
+        best_plan, best_est = result.plans[0]
+        write_plan_file(Path(out_path), api.plan_file_for(model, cluster, gpus, best_plan, best_est, cost_model))
+    if as_json:
+        _emit_json({"plans": [api.plan_entry(p, e, gpus) for p, e in result.plans],
+                    "search": {"candidates": result.candidates, "pruned": result.pruned, "scored": result.scored,
+                               "feasible": result.feasible, "refined": result.refined, "time_s": result.time_s}})
+        return
+    tables.print_plans(out, result)
+    if out_path:
+        out.print(f"wrote {out_path}")
+
+
+@app.command()
+def compare(
+    plan_files: Annotated[Optional[list[str]], typer.Argument(help="Plan JSON files written by `autopar plan --out`.")] = None,
+    plan_strings: Annotated[Optional[list[str]], typer.Option("--plan", help="A plan as 'tp=8,pp=8,mbs=1,recompute=full' (repeatable); needs MODEL etc. below or a plan file to take them from.")] = None,
+    model: Annotated[Optional[str], typer.Option("--model", "-m", help="Model for --plan strings (default: the first plan file's).")] = None,
+    cluster: Annotated[Optional[str], typer.Option("--cluster", "-c", help="Cluster for --plan strings (default: the first plan file's).")] = None,
+    gpus: Annotated[Optional[int], typer.Option("--gpus", "-n", help="GPU count for --plan strings (default: the first plan file's).")] = None,
+    global_batch: Annotated[Optional[int], typer.Option("--global-batch", "-b", help="Global batch for --plan strings.")] = None,
+    seq_len: SeqOpt = None,
+    framework: FrameworkOpt = "megatron",
+    cost_model: CostModelOpt = None,
+    as_json: JsonOpt = False,
+) -> None:
+    """Score several plans side by side; differences highlighted, the winner marked."""
+    _check_choice(framework, ("megatron", "deepspeed", "torchtitan"), "--framework")
+
+    def run():
+        return api.compare_plans(plan_files or [], plan_strings or [], model=model, cluster=cluster, gpus=gpus,
+                                 global_batch=global_batch, seq_len=seq_len, framework=framework,
+                                 cost_model=cost_model)
+
+    entries, n = _run(run)
+    if as_json:
+        _emit_json({"plans": [api.plan_entry(p, e, n) for _, p, e in entries]})
+    else:
+        tables.print_compare(out, entries)
+
+
 def main() -> None:
     """Console-script entry point."""
     try:

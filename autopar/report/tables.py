@@ -126,3 +126,48 @@ def print_validate(console: Console, result: dict[str, Any], rows: bool = True) 
         _summary_row(s, f"source {name}", summ)
     console.print(s)
     console.print(f"[dim]{result['method']}[/]")
+
+
+def _plan_row(plan, est) -> list[str]:
+    return [plan.layout(), str(est.dp), str(plan.mbs), str(plan.zero), plan.recompute.label(),
+            seconds(est.step_time_s), f"{est.tokens_per_s_per_gpu:,.0f}", f"{est.mfu:.1%}",
+            f"{est.peak_memory_bytes / GiB:.1f}/{est.memory_capacity_bytes / GiB:.0f} GiB",
+            f"{est.bubble_fraction:.1%}", f"{est.exposed_comm_fraction:.1%}"]
+
+
+_PLAN_COLUMNS = ("layout", "dp", "mbs", "zero", "recompute", "step", "tok/s/GPU", "MFU", "memory", "bubble",
+                 "exposed comm")
+
+
+def print_plans(console: Console, result) -> None:
+    t = Table(title=f"Best {len(result.plans)} plans (fastest first)")
+    t.add_column("#", justify="right")
+    for col in _PLAN_COLUMNS:
+        t.add_column(col, justify="left" if col in ("layout", "recompute") else "right", no_wrap=col == "layout")
+    for i, (plan, est) in enumerate(result.plans, 1):
+        t.add_row(str(i), *_plan_row(plan, est), style="bold green" if i == 1 else "")
+    console.print(t)
+    console.print(f"[dim]searched {result.candidates:,} candidates: {result.pruned:,} pruned by bounds, "
+                  f"{result.scored:,} scored, {result.feasible:,} fit, {result.refined:,} refined by DP/ILP, "
+                  f"in {result.time_s:.2f} s[/]")
+    for note in getattr(result, "notes", []) or []:
+        console.print(f"[yellow]{note}[/]")
+    plan, est = result.plans[0]
+    console.print("\n[bold]Chosen plan[/]")
+    print_estimate(console, plan, est)
+
+
+def print_compare(console: Console, entries) -> None:
+    best = min(range(len(entries)), key=lambda i: (not entries[i][2].fits, entries[i][2].step_time_s))
+    rows = [_plan_row(p, e) + ["yes" if e.fits else "NO"] for _, p, e in entries]
+    cols = _PLAN_COLUMNS + ("fits",)
+    t = Table(title="Plans compared (winner marked ★; cells that differ between plans in yellow)")
+    t.add_column("plan", no_wrap=True, max_width=30)
+    for col in cols:
+        t.add_column(col, justify="left" if col in ("layout", "recompute") else "right", no_wrap=col == "layout")
+    differs = [len({r[j] for r in rows}) > 1 for j in range(len(cols))]
+    for i, ((label, _, _), row) in enumerate(zip(entries, rows)):
+        cells = [f"[yellow]{c}[/]" if differs[j] and j < 5 else c for j, c in enumerate(row)]
+        name = ("★ " if i == best else "  ") + (label.rsplit("/", 1)[-1] if label.endswith(".json") else label)
+        t.add_row(name, *cells, style="bold" if i == best else "")
+    console.print(t)
