@@ -231,7 +231,9 @@ def _rank_memory(rank: int, chunks: list[list[Layer]], graph: ModelGraph, plan: 
         work = max(work, w)
     shard = plan.zero_shard_size or st.dp * plan.cp
     states = memory.model_state_bytes(dense, plan.framework, plan.zero, shard)
-    expert_states = memory.model_state_bytes(expert, plan.framework, plan.zero, min(shard, st.edp))
+    # Expert weights are replicated over the expert data-parallel group only (gpus / (etp·ep·pp)).
+    expert_shard = min(plan.zero_shard_size, st.edp) if plan.zero_shard_size else st.edp
+    expert_states = memory.model_state_bytes(expert, plan.framework, plan.zero, expert_shard)
     breakdown = {k: states[k] + expert_states[k] for k in states}
     if plan.vpp > 1:
         inflight = memory.inflight_chunks_interleaved(plan.pp, plan.vpp, rank, st.m)

@@ -124,6 +124,10 @@ def print_validate(console: Console, result: dict[str, Any], rows: bool = True) 
         _summary_row(s, f"hardware {name}", summ)
     for name, summ in result["by_source"].items():
         _summary_row(s, f"source {name}", summ)
+    for name, summ in result.get("by_category", {}).items():
+        _summary_row(s, f"category {name}", summ)
+    if "moe" not in result.get("by_category", {}):
+        console.print("[dim]No MoE run is among the shipped measured runs: MoE predictions are unvalidated.[/]")
     console.print(s)
     console.print(f"[dim]{result['method']}[/]")
 

@@ -167,14 +167,15 @@ class Pricer:
 
     def _state_bytes_per_param(self, plan: ParallelPlan) -> tuple[float, float]:
         """Bytes of weights + grads + optimizer per local dense / expert parameter. The shard is the
-        cost model's DP group (dp·cp, `_setup`'s dp_span); experts shard over min(that, edp)."""
+        cost model's DP group (dp·cp, `_setup`'s dp_span); experts shard over the expert DP group (edp)."""
         key = (plan.tp, plan.cp, plan.pp, plan.ep, plan.expert_tp, plan.zero, plan.zero_shard_size)
         if key not in self._key_to_states:
             st = _setup(self.graph, self.cluster, plan, self.p)
             shard = plan.zero_shard_size or st.dp_span.size
+            expert_shard = min(plan.zero_shard_size, st.edp) if plan.zero_shard_size else st.edp
             fw = plan.framework
             self._key_to_states[key] = (sum(memory.model_state_bytes(1.0, fw, plan.zero, shard).values()),
-                                        sum(memory.model_state_bytes(1.0, fw, plan.zero, min(shard, st.edp)).values()))
+                                        sum(memory.model_state_bytes(1.0, fw, plan.zero, expert_shard).values()))
         return self._key_to_states[key]
 
     def memory_lower_bound_bytes(self, plan: ParallelPlan) -> float:

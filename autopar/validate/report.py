@@ -34,10 +34,20 @@ def validate(split: str = "holdout", sources: set[str] | None = None, cost_model
         "summary": summarize(preds),
         "by_hardware": _grouped(preds, lambda pr: pr.run.cluster),
         "by_source": _grouped(preds, lambda pr: pr.run.source),
+        "by_category": _grouped(preds, lambda pr: category(pr.run)),
         "skipped": skipped,
         "method": "tokens/s/GPU predicted for the fastest fitting plan among the run's unstated settings; "
                   "error = |predicted - measured| / measured",
     }
+
+
+def category(run: MeasuredRun) -> str:
+    """moe (routed experts), long-context (seq >= 8192 or cp > 1), or dense."""
+    if run.arch.get("moe"):
+        return "moe"
+    if run.seq_len >= 8192 or run.cp > 1:
+        return "long-context"
+    return "dense"
 
 
 def _grouped(preds: list[Prediction], key) -> dict[str, dict[str, float]]:
