@@ -100,10 +100,17 @@ def candidate_plans(run: MeasuredRun, graph: ModelGraph) -> list[ParallelPlan]:
                                             global_batch=run.global_batch, seq_len=run.seq_len, zero=zero,
                                             sp=sp if run.tp > 1 else None, recompute=Recompute(mode=rec),
                                             precision="fp8" if run.precision == "fp8" else "bf16",
-                                            tp_comm_overlap=overlap)
+                                            tp_comm_overlap=overlap, overlap_grad_reduce=not _local_ddp(run),
+                                            overlap_param_gather=not _local_ddp(run))
                         if not _violations(plan, run, graph):
                             plans.append(plan)
     return plans
+
+
+def _local_ddp(run: MeasuredRun) -> bool:
+    """Megatron-LM of 2021-22 (SC'21, Korthikanti'22) and vTrain's Megatron-DeepSpeed reduce
+    gradients after backward ("local" DDP); overlap came with Megatron-Core's DDP in 2023."""
+    return run.source in ("narayanan21", "korthikanti22") or run.source.startswith("vtrain")
 
 
 def _violations(plan: ParallelPlan, run: MeasuredRun, graph: ModelGraph) -> list[str]:
