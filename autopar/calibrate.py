@@ -220,3 +220,68 @@ def derive(base: CostModelFile, name: str, gpus: list[str], command: str, reason
         "method": "derived", "command": command, "date": date.today().isoformat(),
         "sources": [f"{base.name}.json ({base.provenance.method}: {base.provenance.command})"], "notes": reason})
     return base.model_copy(update={"name": name, "gpus": gpus, "provenance": prov, "fit": None})
+
+
+# --------------------------------------------------------------------------- a user's own runs
+
+USER_FREE = ["gemm_max", "attention_max", "hbm_efficiency", "inter_node", "intra_node"]
+
+
+def load_user_runs(path: str) -> list[MeasuredRun]:
+    """MeasuredRun records from a runs YAML (autopar/schema/runs.py), every setting stated."""
+    from pathlib import Path
+
+    import yaml
+    from pydantic import ValidationError
+
+    from autopar.errors import InputFileError, SchemaError
+    from autopar.schema import one_line
+    from autopar.schema.runs import RunsFile
+
+    p = Path(path).expanduser()
+    if not p.is_file():
+        raise InputFileError(f"runs file {p} does not exist; see `autopar calibrate --help` for its format")
+    try:
+        raw = yaml.safe_load(p.read_text(encoding="utf-8"))
+    except yaml.YAMLError:
+        raise InputFileError(f"runs file {p} is malformed YAML; fix its syntax")
+    try:
+        spec = RunsFile(**raw) if isinstance(raw, dict) else RunsFile.model_validate(raw)
+    except ValidationError as exc:
+        raise SchemaError(one_line(exc, f"runs file {p}"))
+    out = []
+    for i, u in enumerate(spec.runs):
+        par = dict(u.parallel)
+        tp, pp, cp = par.get("tp", 1), par.get("pp", 1), par.get("cp", 1)
+        out.append(MeasuredRun(
+            run_id=f"user_{i:03d}", source="user", source_detail=u.source or str(p), arch={"model": u.model},
+            cluster=u.cluster, num_gpus=u.gpus, seq_len=u.seq_len, global_batch=u.global_batch,
+            micro_batch=par.get("mbs", 1), tp=tp, pp=pp, dp=u.gpus // (tp * pp * cp), cp=cp, ep=par.get("ep", 1),
+            etp=par.get("etp", tp), vpp=par.get("vpp", 1), sequence_parallel=par.get("sp"),
+            recompute=par.get("recompute", "selective"), zero_stage=par.get("zero", 1),
+            precision=par.get("precision", "bf16"),
+            measured_tokens_per_s_per_gpu=u.global_batch * u.seq_len / u.step_time_s / u.gpus,
+            measured_step_time_s=u.step_time_s, conversion="B·s / step time / GPUs", confidence="user",
+            split="fit"))
+    return out
+
+
+def calibrate_user(runs_path: str, base: CostModelFile, command: str, free: Sequence[str] = USER_FREE,
+                   iters: int = 150) -> tuple[CostModelFile, list[tuple[str, float]]]:
+    """Fit on all runs; leave-one-out: refit without each run and predict it. Returns the file and
+    (run_id, held-out error) pairs."""
+    runs = load_user_runs(runs_path)
+    result = fit(runs, base, free, rounds=1, iters=iters)
+    loo: list[tuple[str, float]] = []
+    if len(runs) > 1:
+        for i, r in enumerate(runs):
+            others = runs[:i] + runs[i + 1:]
+            p = params_from_file(fit(others, base, free, rounds=1, iters=iters).file)
+            pr = predict(r, p)
+            loo.append((r.run_id, pr.error if pr else math.nan))
+    p = params_from_file(result.file)
+    report = FitReport(runs_fit=len(runs), runs_holdout=len(loo), mape_fit=_mape(runs, p),
+                       mape_holdout=sum(abs(e) for _, e in loo) / len(loo) if loo else None)
+    notes = (f"Fitted {', '.join(free)} on {len(runs)} user runs; mape_holdout is the leave-one-out error. "
+             f"Base file: {base.name} ({base.provenance.method}: {base.provenance.command}).")
+    return stamp(result.file, command, [f"runs file {runs_path}"], notes, report), loo

@@ -163,7 +163,7 @@ def validate(
 
 @app.command()
 def calibrate(
-    runs: Annotated[str, typer.Argument(help="'builtin' for the shipped measured runs.")] = "builtin",
+    runs: Annotated[str, typer.Argument(help="'builtin' for the shipped measured runs, or a runs YAML of your own measured step times (format: autopar/schema/runs.py).")] = "builtin",
     gpu: Annotated[str, typer.Option("--gpu", help="GPU family whose runs to fit: a100 or h100.")] = "a100",
     base: Annotated[str, typer.Option("--base", help="Cost model to start from (name or path).")] = "a100",
     out_path: Annotated[str, typer.Option("--out", help="Where to write the calibrated cost-model JSON.")] = "calibrated.json",
@@ -187,7 +187,10 @@ def calibrate(
             return cal.derive(base_file, derive_as, [g.strip() for g in (derive_gpus or "").split(",") if g.strip()],
                               command, reason)
         if runs != "builtin":
-            raise AutoparError(f"runs {runs!r}: only 'builtin' (the shipped measured runs) is supported yet")
+            fitted, loo = cal.calibrate_user(runs, base_file, command, iters=iters)
+            for run_id, e in loo:
+                out.print(f"leave-one-out {run_id}: error {e:+.1%}")
+            return fitted
         return cal.calibrate_builtin(gpu, base_file, command, rounds, iters)
 
     result = _run(run)
@@ -298,6 +301,36 @@ def compare(
         _emit_json({"plans": [api.plan_entry(p, e, n) for _, p, e in entries]})
     else:
         tables.print_compare(out, entries)
+
+
+@app.command()
+def profile(
+    out_path: Annotated[str, typer.Option("--out", "-o", help="Where to write the measured cost-model JSON (e.g. cost_models/h200.json).")],
+    device: Annotated[str, typer.Option("--device", help="cuda (the local GPUs) or cpu (a functional check).")] = "cuda",
+    model: Annotated[str, typer.Option("--model", help="Model whose layer shapes the GEMM benchmark uses.")] = "llama3-8b",
+    quick: Annotated[bool, typer.Option("--quick", help="Fewer shapes and repeats (about a minute on a CPU).")] = False,
+    base: Annotated[Optional[str], typer.Option("--base", help="Cost model whose unmeasured parameters to keep; default: the shipped one for the GPU.")] = None,
+    quiet: QuietOpt = False,
+) -> None:
+    """Measure GEMM, attention, memory bandwidth and collectives here and write a cost-model file."""
+    from pathlib import Path
+
+    from autopar.profile import profile as run_profile
+
+    _check_choice(device, ("cuda", "cpu"), "--device")
+    command = "autopar profile " + " ".join(sys.argv[2:])
+    bar, update = _progress_sink(quiet)
+
+    def run():
+        if bar is None:
+            return run_profile(device, model, quick, base, command)
+        with bar:
+            return run_profile(device, model, quick, base, command, update)
+
+    result = _run(run)
+    Path(out_path).write_text(result.model_dump_json(indent=2) + "\n")
+    out.print(f"wrote {out_path}: {len(result.gemm_table)} GEMM shapes, "
+              f"{len(result.measurements.get('collectives', []))} collective measurements")
 
 
 def main() -> None:

@@ -8,7 +8,7 @@ by interpolation in log-shape.
 
 from __future__ import annotations
 
-from typing import Literal
+from typing import Any, Literal
 
 from pydantic import BaseModel, ConfigDict, Field
 
@@ -89,3 +89,4 @@ class CostModelFile(BaseModel):
     memory: MemoryOverheads
     gemm_table: list[GemmPoint] = Field(default_factory=list, description="Profiled GEMM efficiencies, if any.")
     fit: FitReport | None = None
+    measurements: dict[str, Any] = Field(default_factory=dict, description="Raw results of `autopar profile`.")

@@ -57,6 +57,10 @@ def _graph_for(run: MeasuredRun) -> ModelGraph:
 
 def _build_graph(run: MeasuredRun) -> ModelGraph:
     a = run.arch
+    if "model" in a:  # a user's run names its model directly
+        from autopar.model import load_model
+
+        return load_model(a["model"])
     heads = a["num_attention_heads"]
     spec = ModelSpec(
         name=run.run_id, source=run.source_detail, num_layers=a["num_layers"], hidden_size=a["hidden_size"],

@@ -1,0 +1,103 @@
+"""What every exporter shares: the plan checked against the target framework, the layer split,
+the node shape, and the bash that launches one process group per node."""
+
+from __future__ import annotations
+
+import math
+import shlex
+from typing import Sequence
+
+from autopar.cost.step import stage_layer_counts
+from autopar.errors import AutoparError, ExportError
+from autopar.schema.plan import ParallelPlan, plan_violations
+from autopar.schema.plan_file import PlanFile
+
+DEFAULT_GPUS_PER_NODE = 8  # HGX/DGX boards; used when the plan's cluster profile cannot be loaded
+
+
+def require_exportable(pf: PlanFile, framework: str) -> ParallelPlan:
+    """The plan with `framework` as its target, or ExportError listing every broken invariant."""
+    plan = pf.parallel.model_copy(update={"framework": framework})
+    spec = pf.target.model_spec
+    problems = plan_violations(plan, num_gpus=pf.target.gpus, num_layers=spec.num_layers,
+                               num_heads=spec.num_attention_heads, num_kv_heads=spec.kv_heads,
+                               num_experts=spec.moe.num_experts if spec.moe else 0)
+    if problems:
+        raise ExportError(f"cannot export this plan to {framework}: " + "; ".join(problems))
+    return plan
+
+
+def refuse(framework: str, reasons: Sequence[str]) -> None:
+    """ExportError naming every reason `framework` cannot express the plan (no-op when empty)."""
+    if reasons:
+        raise ExportError(f"{framework} cannot express this plan: " + "; ".join(reasons))
+
+
+def layer_counts(pf: PlanFile) -> tuple[int, ...]:
+    """Decoder layers per virtual stage in execution order (the plan's, or autopar's default split)."""
+    plan = pf.parallel
+    return plan.layers_per_stage or stage_layer_counts(pf.target.model_spec.num_layers, plan.pp * plan.vpp)
+
+
+def node_shape(pf: PlanFile) -> tuple[int, int]:
+    """(GPUs per node, nodes) for the launcher: the cluster profile's node size, capped at the GPU count."""
+    from autopar.hardware import load_profile  # local: the exporters work without a loadable profile
+
+    try:
+        per_node = load_profile(pf.target.cluster).node.gpus_per_node
+    except (AutoparError, OSError, ValueError):
+        per_node = DEFAULT_GPUS_PER_NODE
+    per_node = min(per_node, pf.target.gpus)
+    return per_node, math.ceil(pf.target.gpus / per_node)
+
+
+def bash_array(name: str, args: Sequence[str], per_line: int = 2) -> str:
+    """`NAME=( ... )` with flag/value pairs on one line each, every word shell-quoted."""
+    lines, current = [], []
+    for arg in args:
+        if arg.startswith("--") and current:
+            lines.append(" ".join(current))
+            current = []
+        current.append(arg if arg.startswith("$") or arg.startswith('"$') else shlex.quote(arg))
+    if current:
+        lines.append(" ".join(current))
+    body = "\n".join(f"    {line}" for line in lines)
+    return f"{name}=(\n{body}\n)"
+
+
+def header(pf: PlanFile, framework: str, what: str) -> str:
+    plan, spec = pf.parallel, pf.target.model_spec
+    dp = plan.dp_for(pf.target.gpus)
+    return "\n".join([
+        "#!/usr/bin/env bash",
+        f"# {what} for {spec.name} on {pf.target.gpus} GPUs ({pf.target.cluster}), written by autopar "
+        f"{pf.autopar_version} plan schema {pf.schema_version}.",
+        f"# Plan: {plan.layout()} dp{dp}, micro batch {plan.mbs}, global batch {plan.global_batch} sequences of "
+        f"{plan.seq_len} tokens, zero {plan.zero}, recompute {plan.recompute.label()}, {plan.precision}.",
+        f"# Target framework: {framework}. Lines marked '<-- SET' name your paths; everything else is the plan.",
+        "set -euo pipefail",
+    ])
+
+
+def cluster_block(pf: PlanFile, default_port: int) -> str:
+    """NNODES, NODE_RANK, MASTER_ADDR, MASTER_PORT, GPUS_PER_NODE from the environment, with the
+    plan's node shape as defaults, and a check that they multiply to the planned GPU count."""
+    per_node, nodes = node_shape(pf)
+    gpus = pf.target.gpus
+    return "\n".join([
+        "# ---- Cluster: run this script once per node (same MASTER_ADDR, NODE_RANK 0..NNODES-1) ----",
+        f'GPUS_PER_NODE="${{GPUS_PER_NODE:-{per_node}}}"',
+        f'NNODES="${{NNODES:-{nodes}}}"',
+        'NODE_RANK="${NODE_RANK:-0}"',
+        'MASTER_ADDR="${MASTER_ADDR:-localhost}"',
+        f'MASTER_PORT="${{MASTER_PORT:-{default_port}}}"',
+        "WORLD_SIZE=$((GPUS_PER_NODE * NNODES))",
+        f'if [ "$WORLD_SIZE" -ne {gpus} ]; then',
+        f'    echo "this plan is for {gpus} GPUs, but GPUS_PER_NODE x NNODES = $WORLD_SIZE" >&2',
+        "    exit 1",
+        "fi",
+    ])
+
+
+TORCHRUN = ('torchrun --nproc_per_node "$GPUS_PER_NODE" --nnodes "$NNODES" --node_rank "$NODE_RANK" \\\n'
+            '    --master_addr "$MASTER_ADDR" --master_port "$MASTER_PORT"')

@@ -1,0 +1,220 @@
+"""Megatron-LM export: the `pretrain_gpt.py` arguments of a plan and a torchrun launch script.
+
+Flag names and semantics follow Megatron-LM's megatron/training/arguments.py and megatron-core
+0.16 (pipeline_parallel_layer_layout.py for the layout grammar). Mapping decisions:
+- zero 0/1 = without/with --use-distributed-optimizer; zero_shard_size k = dp/k optimizer
+  instances (--num-distributed-optimizer-instances).
+- Stages: an even split is --num-virtual-stages-per-pipeline-rank (vpp > 1) or nothing; any other
+  split (the plan's layers_per_stage, or autopar's default that takes a remainder off the first
+  and last stages) is a --pipeline-model-parallel-layout with E first, L (and MTP) last.
+- Recompute: selective = --recompute-granularity selective --recompute-modules ...; full with K
+  layers per virtual stage = block method, K; full of every layer = uniform method, 1 layer per
+  chunk (each layer's input kept; the same memory as block with K = all, and it round-trips).
+- fp8 = --bf16 --fp8-format hybrid with delayed scaling (amax history 1024, max).
+The arguments are checked with megatron_rules before a script is written.
+"""
+
+from __future__ import annotations
+
+from autopar.errors import ExportError
+from autopar.export.common import TORCHRUN, bash_array, cluster_block, header, layer_counts, refuse, require_exportable
+from autopar.export.megatron_rules import format_layout, megatron_notes, megatron_violations
+from autopar.schema.model import ModelSpec, MoESpec
+from autopar.schema.plan import ParallelPlan
+from autopar.schema.plan_file import PlanFile
+
+FP8_ARGS = ("--fp8-format", "hybrid", "--fp8-amax-history-len", "1024", "--fp8-amax-compute-algo", "max")
+
+
+def _model_args(spec: ModelSpec, plan: ParallelPlan) -> list[str]:
+    args = ["--num-layers", str(spec.num_layers), "--hidden-size", str(spec.hidden_size),
+            "--ffn-hidden-size", str(spec.ffn_hidden_size), "--num-attention-heads", str(spec.num_attention_heads)]
+    if spec.head_dim is not None:
+        args += ["--kv-channels", str(spec.head_dim)]
+    if spec.kv_heads != spec.num_attention_heads:
+        args += ["--group-query-attention", "--num-query-groups", str(spec.kv_heads)]
+    if spec.activation == "swiglu":
+        args.append("--swiglu")
+    args += ["--normalization", "RMSNorm" if spec.normalization == "rmsnorm" else "LayerNorm"]
+    args += ["--position-embedding-type", "rope" if spec.position_embedding == "rope" else "learned_absolute"]
+    if not spec.tie_embeddings:
+        args.append("--untie-embeddings-and-output-weights")
+    args += _bias_args(spec)
+    if spec.qk_norm:
+        args.append("--qk-layernorm")
+    dropout = "0.1" if spec.dropout else "0.0"
+    args += ["--attention-dropout", dropout, "--hidden-dropout", dropout]
+    args += ["--vocab-size", str(spec.vocab_size), "--seq-length", str(plan.seq_len),
+             "--max-position-embeddings", str(_max_positions(spec, plan))]
+    if spec.mtp_layers:
+        args += ["--mtp-num-layers", str(spec.mtp_layers)]
+    return args
+
+
+def _bias_args(spec: ModelSpec) -> list[str]:
+    """Megatron has one switch for every linear bias and one for the qkv bias alone."""
+    if spec.qkv_bias and spec.attn_out_bias and spec.mlp_bias:
+        return []
+    if not spec.attn_out_bias and not spec.mlp_bias:
+        return ["--disable-bias-linear"] + (["--add-qkv-bias"] if spec.qkv_bias else [])
+    raise ExportError(f"Megatron cannot express {spec.name}'s biases (qkv {spec.qkv_bias}, attention output "
+                      f"{spec.attn_out_bias}, mlp {spec.mlp_bias}): it has --disable-bias-linear (all) and "
+                      "--add-qkv-bias (qkv only); make attn_out_bias and mlp_bias equal")
+
+
+def _max_positions(spec: ModelSpec, plan: ParallelPlan) -> int:
+    table = spec.max_position_embeddings or spec.seq_length
+    return max(table, plan.seq_len) if spec.position_embedding == "rope" else table
+
+
+def moe_layer_freq(moe: MoESpec, num_layers: int) -> str:
+    """--moe-layer-freq: an int when every layer_freq-th layer is MoE from layer 0, else Megatron's
+    list expression, e.g. "([0]*3+[1]*58)" for DeepSeek-V3's three leading dense layers."""
+    if moe.first_k_dense == 0:
+        return str(moe.layer_freq)
+    rest, freq = num_layers - moe.first_k_dense, moe.layer_freq
+    terms = [f"[0]*{moe.first_k_dense}"]
+    if freq == 1:
+        terms += [f"[1]*{rest}"] if rest else []
+    else:
+        full, tail = divmod(rest, freq)
+        terms += [f"([1]+[0]*{freq - 1})*{full}"] if full else []
+        terms += (["[1]" + (f"+[0]*{tail - 1}" if tail > 1 else "")] if tail else [])
+    return "(" + "+".join(terms) + ")"
+
+
+def _moe_args(spec: ModelSpec) -> list[str]:
+    moe = spec.moe
+    if moe is None:
+        return []
+    args = ["--num-experts", str(moe.num_experts), "--moe-router-topk", str(moe.top_k),
+            "--moe-ffn-hidden-size", str(moe.expert_ffn_hidden_size)]
+    if moe.num_shared_experts:
+        args += ["--moe-shared-expert-intermediate-size",
+                 str(moe.num_shared_experts * moe.shared_expert_ffn_hidden_size)]
+        if moe.shared_expert_gate:
+            args.append("--moe-shared-expert-gate")
+    args += ["--moe-layer-freq", moe_layer_freq(moe, spec.num_layers)]
+    if moe.top_k == 1:
+        args.append("--moe-router-pre-softmax")  # Megatron: softmax over one expert has no gradient
+    return args + ["--moe-grouped-gemm", "--moe-token-dispatcher-type", "alltoall"]
+
+
+def _mla_args(spec: ModelSpec) -> list[str]:
+    mla = spec.mla
+    if mla is None:
+        return []
+    args = ["--multi-latent-attention"]
+    if mla.q_lora_rank is not None:
+        args += ["--q-lora-rank", str(mla.q_lora_rank)]
+    return args + ["--kv-lora-rank", str(mla.kv_lora_rank), "--qk-head-dim", str(mla.qk_nope_head_dim),
+                   "--qk-pos-emb-head-dim", str(mla.qk_rope_head_dim), "--v-head-dim", str(mla.v_head_dim)]
+
+
+def pipeline_layout(counts: tuple[int, ...], mtp_layers: int) -> str:
+    """--pipeline-model-parallel-layout for decoder layers per virtual stage (execution order):
+    embedding on the first stage, MTP and loss after the last stage's decoders."""
+    stages = ["t" * c for c in counts]
+    stages[0] = "E" + stages[0]
+    stages[-1] += "m" * mtp_layers + "L"
+    return format_layout(stages)
+
+
+def _parallel_args(pf: PlanFile, plan: ParallelPlan) -> list[str]:
+    spec = pf.target.model_spec
+    args = ["--tensor-model-parallel-size", str(plan.tp), "--pipeline-model-parallel-size", str(plan.pp),
+            "--context-parallel-size", str(plan.cp)]
+    if spec.moe is not None:
+        args += ["--expert-model-parallel-size", str(plan.ep), "--expert-tensor-parallel-size", str(plan.expert_tp)]
+    if plan.sequence_parallel and plan.tp > 1:
+        args.append("--sequence-parallel")
+    counts = layer_counts(pf)
+    if len(set(counts)) > 1:
+        args += ["--pipeline-model-parallel-layout", pipeline_layout(counts, spec.mtp_layers)]
+    elif plan.vpp > 1:
+        args += ["--num-virtual-stages-per-pipeline-rank", str(plan.vpp)]
+    if plan.zero == 1:
+        args.append("--use-distributed-optimizer")
+    dp = plan.dp_for(pf.target.gpus)
+    if plan.zero_shard_size is not None and plan.zero_shard_size < dp:
+        if plan.zero != 1:
+            refuse("megatron", ["zero_shard_size needs the distributed optimizer (zero 1); set zero 1 or drop it"])
+        args += ["--num-distributed-optimizer-instances", str(dp // plan.zero_shard_size)]
+    return args
+
+
+def _recompute_args(plan: ParallelPlan) -> list[str]:
+    rc = plan.recompute
+    if rc.mode == "selective":
+        return ["--recompute-granularity", "selective", "--recompute-modules", *rc.modules]
+    if rc.mode == "full" and rc.num_layers is None:
+        return ["--recompute-granularity", "full", "--recompute-method", "uniform", "--recompute-num-layers", "1"]
+    if rc.mode == "full":
+        return ["--recompute-granularity", "full", "--recompute-method", "block",
+                "--recompute-num-layers", str(rc.num_layers)]
+    return []
+
+
+def _step_args(plan: ParallelPlan) -> list[str]:
+    args = ["--micro-batch-size", str(plan.mbs), "--global-batch-size", str(plan.global_batch), "--bf16"]
+    if plan.precision == "fp8":
+        args += list(FP8_ARGS)
+    if plan.overlap_grad_reduce:
+        args.append("--overlap-grad-reduce")
+    if plan.overlap_param_gather:
+        args.append("--overlap-param-gather")
+    if plan.tp_comm_overlap:
+        args.append("--tp-comm-overlap")
+    return args
+
+
+def megatron_arg_groups(pf: PlanFile) -> list[tuple[str, list[str]]]:
+    """The arguments by concern (model, moe, mla, parallel, recompute, step); checked, or ExportError."""
+    plan = require_exportable(pf, "megatron")
+    spec = pf.target.model_spec
+    groups = [("MODEL_ARGS", _model_args(spec, plan)), ("MOE_ARGS", _moe_args(spec)), ("MLA_ARGS", _mla_args(spec)),
+              ("PARALLEL_ARGS", _parallel_args(pf, plan)), ("RECOMPUTE_ARGS", _recompute_args(plan)),
+              ("STEP_ARGS", _step_args(plan))]
+    args = [a for _, group in groups for a in group]
+    refuse("megatron", megatron_violations(args, pf.target.gpus))
+    return [(name, group) for name, group in groups if group]
+
+
+def megatron_args(pf: PlanFile) -> list[str]:
+    """`pretrain_gpt.py` arguments for the model and the plan (no paths or optimizer settings)."""
+    return [a for _, group in megatron_arg_groups(pf) for a in group]
+
+
+_SETTINGS = '''# ---- Set these: code, data, tokenizer, checkpoints ----
+MEGATRON_LM_DIR="${MEGATRON_LM_DIR:-/path/to/Megatron-LM}"           # <-- SET: a Megatron-LM checkout (core 0.16)
+DATA_PATH="${DATA_PATH:-/path/to/corpus_text_document}"              # <-- SET: preprocessed .bin/.idx prefix
+TOKENIZER_TYPE="${TOKENIZER_TYPE:-HuggingFaceTokenizer}"             # <-- SET: tokenizer class
+TOKENIZER_MODEL="${TOKENIZER_MODEL:-/path/to/tokenizer}"             # <-- SET: tokenizer files
+CHECKPOINT_PATH="${CHECKPOINT_PATH:-/path/to/checkpoints}"           # <-- SET: save and resume here
+TRAIN_ITERS="${TRAIN_ITERS:-500000}"                                 # <-- SET: training length
+LR="${LR:-3.0e-4}"                                                   # <-- SET: peak learning rate'''
+
+_RUN_ARGS = ["--data-path", '"$DATA_PATH"', "--split", "99,1,0", "--tokenizer-type", '"$TOKENIZER_TYPE"',
+             "--tokenizer-model", '"$TOKENIZER_MODEL"', "--save", '"$CHECKPOINT_PATH"', "--load", '"$CHECKPOINT_PATH"',
+             "--save-interval", "1000", "--train-iters", '"$TRAIN_ITERS"', "--lr", '"$LR"', "--min-lr", "3.0e-5",
+             "--lr-decay-style", "cosine", "--lr-warmup-iters", "2000", "--weight-decay", "0.1", "--clip-grad", "1.0",
+             "--adam-beta1", "0.9", "--adam-beta2", "0.95", "--init-method-std", "0.02", "--log-interval", "10",
+             "--eval-interval", "1000", "--eval-iters", "10"]
+
+
+def export_megatron(pf: PlanFile) -> str:
+    """A bash script that runs torchrun on each node with the plan's `pretrain_gpt.py` arguments."""
+    groups = megatron_arg_groups(pf)
+    plan = pf.parallel
+    parts = [header(pf, "megatron", "Megatron-LM launch")]
+    notes = megatron_notes([a for _, g in groups for a in g])
+    parts += ["\n".join(f"# Note: {n}" for n in notes)] if notes else []
+    parts += [_SETTINGS, cluster_block(pf, 6000)]
+    if plan.tp > 1 or plan.cp > 1:
+        parts.append("# Megatron asserts this when tp or cp > 1 (GPUs before Blackwell)\n"
+                     "export CUDA_DEVICE_MAX_CONNECTIONS=1")
+    parts += [bash_array(name, group) for name, group in groups]
+    parts.append(bash_array("RUN_ARGS", _RUN_ARGS))
+    refs = " ".join(f'"${{{name}[@]}}"' for name, _ in groups)
+    parts.append(f'{TORCHRUN} \\\n    "$MEGATRON_LM_DIR/pretrain_gpt.py" \\\n    {refs} "${{RUN_ARGS[@]}}"')
+    return "\n\n".join(parts) + "\n"

@@ -1,0 +1,475 @@
+"""Pictures of a plan: the pipeline timeline, memory per stage, and a sweep; as PNG (matplotlib,
+the optional extra `autopar[plot]`) or drawn in the terminal (Rich) when matplotlib is missing or
+the path is "-".
+
+Timeline. The event simulation of the plan's schedule (autopar.cost.pipeline: 1F1B or
+interleaved 1F1B) with each rank's per-microbatch fwd_s / bwd_s from the Estimate's stages, split
+evenly over its vpp model chunks. A backward's leading recompute_s / vpp is its recompute. The
+exposed tp/cp/ep communication is drawn as the trailing share of each op, at the bottleneck rank's
+share of busy time (the Estimate keeps the split for that rank only). Stage-boundary p2p sends take
+pp_comm / (2·(pp − 1)) each, the estimate's own per-send time. Above MAX_MICROBATCHES the
+schedule is simulated with fewer microbatches (a multiple of pp) and the picture says so: the
+warm-up and cool-down are the same and the steady state repeats.
+"""
+
+from __future__ import annotations
+
+import bisect
+from collections.abc import Sequence
+from dataclasses import dataclass
+from pathlib import Path
+
+from rich.console import Console, Group
+from rich.text import Text
+
+from autopar.cost.pipeline import BACKWARD, FORWARD, simulate_interleaved
+from autopar.cost.step import Estimate
+from autopar.report.sweep import SweepPoint, scaling_efficiency, swept_axis, sweep_table
+from autopar.report.tables import gib, seconds
+from autopar.schema.plan import ParallelPlan
+from autopar.units import GiB
+
+MAX_MICROBATCHES = 64  # drawn in a PNG timeline
+PICTURE_SUFFIXES = (".png", ".svg", ".pdf")
+KINDS = ("timeline", "memory", "sweep")
+INSTALL_HINT = "pip install 'autopar[plot]'"
+COLORS = {  # one colour per part; the terminal uses the same names
+    "forward": "#4C78A8", "backward": "#54A24B", "recompute": "#F58518", "comm": "#B279A2",
+    "p2p": "#222222", "idle": "#EEEEEE",
+    "weights": "#4C78A8", "gradients": "#72B7B2", "optimizer": "#54A24B", "activations": "#F58518",
+    "other": "#BAB0AC",
+}
+MEMORY_PARTS = ("weights", "gradients", "optimizer", "activations", "other")  # other = fsdp_gathered + buffers
+
+
+@dataclass(frozen=True, slots=True)
+class Bar:
+    """One scheduled op of the timeline. kind "F" forward or "B" backward; a backward's first
+    recompute_s seconds re-run the forward, and each op's last comm_s seconds are exposed
+    communication. Times in seconds from the start of the step."""
+
+    rank: int
+    kind: str
+    microbatch: int
+    chunk: int
+    start_s: float
+    end_s: float
+    recompute_s: float = 0.0
+    comm_s: float = 0.0
+
+    def parts(self) -> list[tuple[str, float, float]]:
+        """(part, start_s, end_s) in time order: recompute, forward/backward, comm."""
+        body = "forward" if self.kind == FORWARD else "backward"
+        a, b = self.start_s + self.recompute_s, self.end_s - self.comm_s
+        out = [("recompute", self.start_s, a), (body, a, b), ("comm", b, self.end_s)]
+        return [x for x in out if x[2] > x[1]]
+
+
+@dataclass(frozen=True, slots=True)
+class Transfer:
+    """A p2p send across a stage boundary into `rank` (activations for F, gradients for B)."""
+
+    rank: int
+    kind: str
+    microbatch: int
+    start_s: float
+    end_s: float
+
+
+@dataclass(frozen=True)
+class Timeline:
+    """The simulated schedule. step_s is the makespan (first forward to last backward);
+    num_microbatches were simulated out of the plan's total_microbatches."""
+
+    bars: tuple[Bar, ...]
+    transfers: tuple[Transfer, ...]
+    step_s: float
+    pp: int
+    vpp: int
+    num_microbatches: int
+    total_microbatches: int
+    p2p_s: float
+    title: str
+
+    @property
+    def truncated(self) -> bool:
+        return self.num_microbatches < self.total_microbatches
+
+    def bars_of(self, rank: int) -> list[Bar]:
+        return sorted((b for b in self.bars if b.rank == rank), key=lambda b: b.start_s)
+
+    @property
+    def note(self) -> str:
+        if not self.truncated:
+            return ""
+        return (f"showing {self.num_microbatches} of {self.total_microbatches} microbatches: warm-up and cool-down "
+                "are the same, the steady state repeats")
+
+
+# --------------------------------------------------------------------------- timeline
+
+
+def simulated_microbatches(m: int, pp: int, vpp: int, cap: int) -> int:
+    """m, or at most `cap` (kept a multiple of pp under interleaving, and at least pp)."""
+    if m <= cap:
+        return m
+    if vpp > 1:
+        return max(pp, cap - cap % pp)
+    return max(cap, 1)
+
+
+def pipeline_timeline(plan: ParallelPlan, estimate: Estimate, max_microbatches: int = MAX_MICROBATCHES) -> Timeline:
+    """The event simulation of the plan's schedule as bars (2·m·vpp per rank) and p2p transfers."""
+    pp, vpp = plan.pp, plan.vpp
+    m = simulated_microbatches(estimate.num_microbatches, pp, vpp, max_microbatches)
+    stages = sorted(estimate.stages, key=lambda s: s.rank)
+    fwd = [stages[v % pp].fwd_s / vpp for v in range(pp * vpp)]
+    bwd = [stages[v % pp].bwd_s / vpp for v in range(pp * vpp)]
+    p2p_s = estimate.time_breakdown_s["pp_comm"] / (2 * (pp - 1)) if pp > 1 else 0.0
+    times = simulate_interleaved(fwd, bwd, m, vpp, p2p_s)
+    share = comm_share(estimate)
+    bars = []
+    for op in times.ops:
+        rec = stages[op.rank].recompute_s / vpp if op.kind == BACKWARD else 0.0
+        dur = op.end_s - op.start_s
+        bars.append(Bar(op.rank, op.kind, op.microbatch, op.chunk, op.start_s, op.end_s, rec,
+                        min(share * dur, dur - rec)))
+    pipeline_s = _pipeline_s(estimate) if m < estimate.num_microbatches else times.step_s
+    title = (f"{plan.layout()} {'interleaved 1F1B' if vpp > 1 else '1F1B'}, {estimate.num_microbatches} "
+             f"microbatches: pipeline {seconds(pipeline_s)} of a {seconds(estimate.step_time_s)} step")
+    return Timeline(tuple(bars), _transfers(bars, pp, vpp, p2p_s), times.step_s, pp, vpp, m,
+                    estimate.num_microbatches, p2p_s, title)
+
+
+def _pipeline_s(estimate: Estimate) -> float:
+    tb = estimate.time_breakdown_s
+    return estimate.step_time_s - tb["dp_comm"] - tb["optimizer"]
+
+
+def comm_share(estimate: Estimate) -> float:
+    """Exposed tp/cp/ep communication over busy time of the bottleneck rank."""
+    tb = estimate.time_breakdown_s
+    busy = tb["compute"] + tb["recompute"] + tb["tp_comm"] + tb["cp_comm"] + tb["ep_comm"]
+    return (tb["tp_comm"] + tb["cp_comm"] + tb["ep_comm"]) / busy if busy > 0 else 0.0
+
+
+def _transfers(bars: list[Bar], pp: int, vpp: int, p2p_s: float) -> tuple[Transfer, ...]:
+    """Each op's input arriving from the neighbouring virtual stage: it leaves when the sender's op
+    ends and arrives p2p_s later (virtual stage v = chunk·pp + rank)."""
+    if p2p_s <= 0:
+        return ()
+    end = {(b.kind, b.chunk * pp + b.rank, b.microbatch): b.end_s for b in bars}
+    last = pp * vpp - 1
+    out = []
+    for b in bars:
+        v = b.chunk * pp + b.rank
+        src = v - 1 if b.kind == FORWARD else v + 1
+        if 0 <= src <= last and not (b.kind == BACKWARD and v == last):
+            start = end[(b.kind, src, b.microbatch)]
+            out.append(Transfer(b.rank, b.kind, b.microbatch, start, start + p2p_s))
+    return tuple(out)
+
+
+def timeline_text(timeline: Timeline, width: int = 100) -> Text:
+    """A text Gantt chart: one row per rank, one character per time slot. F forward, B backward,
+    R recompute, ~ communication, · idle; lower case marks odd microbatches so ops stand apart."""
+    slot_s = timeline.step_s / width if timeline.step_s > 0 else 1.0
+    chars = {"forward": "F", "backward": "B", "recompute": "R", "comm": "~"}
+    out = Text()
+    out.append(timeline.title + "\n", style="bold")
+    if timeline.note:
+        out.append(timeline.note + "\n", style="dim")
+    label_w = len(f"rank {timeline.pp - 1}")
+    for rank in range(timeline.pp):
+        bars = timeline.bars_of(rank)
+        starts = [b.start_s for b in bars]
+        out.append(f"rank {rank}".rjust(label_w) + " │")
+        for i in range(width):
+            t = (i + 0.5) * slot_s
+            k = bisect.bisect_right(starts, t) - 1
+            part = _part_at(bars[k], t) if k >= 0 and bars[k].end_s > t else None
+            if part is None:
+                out.append("·", style="dim")
+                continue
+            c = chars[part]
+            out.append(c.lower() if bars[k].microbatch % 2 else c, style=COLORS[part])
+        out.append("│\n")
+    ticks = f"0 s{' ' * (width - 3 - len(seconds(timeline.step_s)))}{seconds(timeline.step_s)}"
+    out.append(" " * (label_w + 2) + ticks + "\n")
+    out.append(" " * (label_w + 2) + "F forward  B backward  R recompute  ~ comm  · idle (bubble); lower case = odd "
+               "microbatch", style="dim")
+    return out
+
+
+def _part_at(bar: Bar, t: float) -> str | None:
+    for part, a, b in bar.parts():
+        if a <= t < b:
+            return part
+    return None
+
+
+def plot_timeline(plan: ParallelPlan, estimate: Estimate, path: str | Path) -> Path:
+    """The pipeline timeline as a picture (PNG/SVG/PDF by the path's suffix). Needs matplotlib."""
+    tl = pipeline_timeline(plan, estimate)
+    fig = _figure(width=14, height=1.7 + 0.5 * tl.pp)
+    ax = fig.add_subplot()
+    px_per_s = _px_per_s(fig, tl)
+    for r in range(tl.pp):
+        ax.broken_barh([(0.0, tl.step_s)], (r - 0.4, 0.8), facecolors=COLORS["idle"], zorder=0)
+    ops: dict[tuple[str, int, int], list[tuple[float, float]]] = {}
+    overlays: dict[tuple[str, int], list[tuple[float, float]]] = {}
+    for b in tl.bars:
+        ops.setdefault((b.kind, b.chunk, b.rank), []).append((b.start_s, b.end_s - b.start_s))
+        for part, a, e in b.parts():
+            if part in ("recompute", "comm"):
+                overlays.setdefault((part, b.rank), []).append((a, e - a))
+    for (kind, chunk, rank), spans in sorted(ops.items()):
+        color = _chunk_color("forward" if kind == FORWARD else "backward", chunk, tl.vpp)
+        ax.broken_barh(spans, (rank - 0.4, 0.8), facecolors=color, edgecolors="white", linewidth=0.4, zorder=2)
+    for (part, rank), spans in sorted(overlays.items()):
+        ax.broken_barh(spans, (rank - 0.4, 0.8), facecolors=COLORS[part], linewidth=0, zorder=3)
+    if tl.p2p_s * px_per_s >= 3:  # a send narrower than that would draw as a speck
+        for tr in tl.transfers:
+            y = tr.rank + (-0.45 if tr.kind == FORWARD else 0.45)
+            ax.plot([tr.start_s, tr.end_s], [y, y], color=COLORS["p2p"], linewidth=1.5, zorder=4)
+    _label_microbatches(ax, tl, px_per_s)
+    ax.set_ylim(tl.pp - 0.5, -0.5)
+    ax.set_yticks(range(tl.pp), [f"rank {r}" for r in range(tl.pp)])
+    ax.set_xlim(0, tl.step_s)
+    ax.set_xlabel(f"time (s) in a {tl.num_microbatches}-microbatch schedule" if tl.truncated else "time in the step (s)")
+    sub = [tl.note] if tl.note else []
+    if tl.pp > 1:
+        sub.append(f"p2p send between stages {seconds(tl.p2p_s)}"
+                   + ("" if tl.p2p_s * px_per_s >= 3 else " (too short to draw)"))
+    ax.set_title(tl.title + ("\n" + "; ".join(sub) if sub else ""), fontsize=11)
+    fig.legend(handles=_timeline_legend(tl, px_per_s), loc="lower center", ncol=7, fontsize=9, frameon=False)
+    fig.tight_layout(rect=(0, 0.06 if tl.pp > 2 else 0.12, 1, 1))
+    return _save(fig, path)
+
+
+def _timeline_legend(tl: Timeline, px_per_s: float) -> list:
+    from matplotlib.lines import Line2D
+
+    handles = _legend_handles(["forward", "backward", "recompute", "comm", "idle"],
+                              {"recompute": "recompute (start of backward)", "comm": "exposed tp/cp/ep comm",
+                               "idle": "idle (bubble)"})
+    if tl.vpp > 1:
+        from matplotlib.patches import Patch
+
+        handles.append(Patch(facecolor=_chunk_color("forward", tl.vpp - 1, tl.vpp), label="lighter: later model chunk"))
+    if tl.transfers and tl.p2p_s * px_per_s >= 3:
+        handles.append(Line2D([], [], color=COLORS["p2p"], linewidth=1.5, label="p2p send (F above, B below)"))
+    return handles
+
+
+def _chunk_color(part: str, chunk: int, vpp: int) -> str:
+    return _lighter(COLORS[part], 0.5 * chunk / max(vpp - 1, 1))
+
+
+def _px_per_s(fig, tl: Timeline) -> float:
+    """Horizontal pixels per second of the axes (about 85 % of the figure's width)."""
+    return fig.get_figwidth() * fig.dpi * 0.85 / tl.step_s if tl.step_s > 0 else 0.0
+
+
+def _label_microbatches(ax, tl: Timeline, px_per_s: float) -> None:
+    """Write the microbatch number (1-based) inside ops wide enough to hold it."""
+    for b in tl.bars:
+        if (b.end_s - b.start_s) * px_per_s >= 14:
+            ax.text((b.start_s + b.end_s) / 2, b.rank, str(b.microbatch + 1), ha="center", va="center",
+                    fontsize=7, color="white" if b.chunk == 0 else "#222222", zorder=5)
+
+
+# --------------------------------------------------------------------------- memory
+
+
+def memory_parts(breakdown: dict[str, float]) -> dict[str, float]:
+    """The five drawn parts of a stage's memory breakdown (other = FSDP gathers + buffers)."""
+    return {"weights": breakdown.get("weights", 0.0), "gradients": breakdown.get("gradients", 0.0),
+            "optimizer": breakdown.get("optimizer", 0.0), "activations": breakdown.get("activations", 0.0),
+            "other": breakdown.get("fsdp_gathered", 0.0) + breakdown.get("buffers_and_fragmentation", 0.0)}
+
+
+def memory_text(estimate: Estimate, memory_margin: float = 0.0, width: int = 60) -> Text:
+    """Memory bars per stage in the terminal: W weights, G gradients, O optimizer, A activations,
+    X other; ┃ marks the usable HBM (capacity less the margin), │ the capacity."""
+    cap = estimate.memory_capacity_bytes
+    usable = cap * (1.0 - memory_margin)
+    scale = max(cap, max(s.memory_bytes for s in estimate.stages))
+    chars = {"weights": "W", "gradients": "G", "optimizer": "O", "activations": "A", "other": "X"}
+    out = Text()
+    out.append(f"Peak memory per GPU by pipeline stage ({gib(usable)} usable of {gib(cap)})\n", style="bold")
+    marks = {min(width - 1, round(usable / scale * width)): "┃"}
+    marks.setdefault(min(width - 1, round(cap / scale * width)), "│")
+    for s in sorted(estimate.stages, key=lambda s: s.rank):
+        cells: list[tuple[str, str]] = []
+        acc = 0.0
+        for part, v in memory_parts(s.memory_breakdown_bytes).items():
+            acc += v
+            n = round(acc / scale * width) - len(cells)
+            cells += [(chars[part], COLORS[part])] * max(n, 0)
+        cells += [("·", "dim")] * (width - len(cells))
+        out.append(f"stage {s.rank:>2} ")
+        for i, (c, style) in enumerate(cells[:width]):
+            if i in marks:
+                out.append(marks[i], style="bold red")
+            else:
+                out.append(c, style=style)
+        over = s.memory_bytes > usable
+        out.append(f" {gib(s.memory_bytes)}" + (" OVER" if over else "") + "\n", style="bold red" if over else "")
+    out.append("W weights  G gradients  O optimizer  A activations  X other (buffers, fragmentation, FSDP gathers)"
+               "  ┃ usable  │ HBM", style="dim")
+    return out
+
+
+def plot_memory(estimate: Estimate, path: str | Path, memory_margin: float = 0.0) -> Path:
+    """Stacked memory bars per stage with the HBM capacity (and usable share) lines. Needs matplotlib."""
+    stages = sorted(estimate.stages, key=lambda s: s.rank)
+    fig = _figure(width=max(6.0, 1.2 + 0.55 * len(stages)), height=5.0)
+    ax = fig.add_subplot()
+    xs = list(range(len(stages)))
+    bottom = [0.0] * len(stages)
+    for part in MEMORY_PARTS:
+        vals = [memory_parts(s.memory_breakdown_bytes)[part] / GiB for s in stages]
+        ax.bar(xs, vals, bottom=bottom, color=COLORS[part], width=0.7, label=part, edgecolor="white", linewidth=0.5)
+        bottom = [b + v for b, v in zip(bottom, vals)]
+    cap = estimate.memory_capacity_bytes / GiB
+    ax.axhline(cap, color="black", linewidth=1.2, label=f"HBM {cap:.0f} GiB")
+    if memory_margin > 0:
+        ax.axhline(cap * (1 - memory_margin), color="#D62728", linestyle="--", linewidth=1.2,
+                   label=f"usable {cap * (1 - memory_margin):.1f} GiB ({memory_margin:.0%} kept free)")
+    for x, total in zip(xs, bottom):
+        over = total > cap * (1 - memory_margin)
+        ax.text(x, total, f"{total:.1f}", ha="center", va="bottom", fontsize=8,
+                color="#D62728" if over else "black", fontweight="bold" if over else "normal")
+    ax.set_xticks(xs, [str(s.rank) for s in stages])
+    ax.set_xlabel("pipeline stage (rank)")
+    ax.set_ylabel("peak memory per GPU (GiB)")
+    ax.set_ylim(0, max(cap, max(bottom)) * 1.15)
+    ax.set_title("Peak memory per GPU by pipeline stage")
+    ax.legend(loc="upper left", bbox_to_anchor=(1.01, 1.0), fontsize=9, frameon=False)
+    fig.tight_layout()
+    return _save(fig, path)
+
+
+# --------------------------------------------------------------------------- sweep
+
+
+def plot_sweep(points: Sequence[SweepPoint], path: str | Path) -> Path:
+    """tokens/s/GPU (left axis) and MFU (right axis) against the swept variable, each point labelled
+    with its best layout; points without a plan are marked on the x axis. Needs matplotlib."""
+    axis = swept_axis(points)
+    fig = _figure(width=max(7.0, 1.6 * len(points)), height=4.8)
+    ax = fig.add_subplot()
+    xs = list(range(len(points)))
+    ok = [i for i, p in enumerate(points) if p.fits]
+    tps = [points[i].tokens_per_s_per_gpu for i in ok]
+    ax.plot(ok, tps, marker="o", color=COLORS["forward"], label="tokens/s/GPU")
+    for i, eff in zip(ok, (scaling_efficiency(points)[i] for i in ok)):
+        p = points[i]
+        ax.annotate(f"{p.plan.layout()}\n{eff:.0%} eff.", (i, p.tokens_per_s_per_gpu), textcoords="offset points",
+                    xytext=(0, 8), ha="center", fontsize=8)
+    failed = [i for i, p in enumerate(points) if not p.fits]
+    if failed:
+        ax.plot(failed, [0] * len(failed), "x", color="#D62728", markersize=10, clip_on=False,
+                label="no plan fits / invalid")
+    ax.set_ylim(0, max(tps, default=1.0) * 1.3)
+    ax.set_ylabel("tokens/s per GPU", color=COLORS["forward"])
+    ax.set_xticks(xs, [str(p.value(axis)) for p in points])
+    ax.set_xlabel(axis.replace("_", " ").replace("gpus", "GPUs"))
+    ax2 = ax.twinx()
+    ax2.plot(ok, [points[i].mfu * 100 for i in ok], marker="s", linestyle="--", color=COLORS["recompute"],
+             label="MFU")
+    ax2.set_ylim(0, 100)
+    ax2.set_ylabel("MFU (%)", color=COLORS["recompute"])
+    first = points[0]
+    fixed = ", ".join(f"{k.replace('_', ' ')} {first.value(k)}" for k in ("gpus", "global_batch", "seq_len")
+                      if k != axis and len({p.value(k) for p in points}) == 1)
+    ax.set_title(f"{first.model} on {first.cluster}: best plan per point ({fixed})")
+    h1, l1 = ax.get_legend_handles_labels()
+    h2, l2 = ax2.get_legend_handles_labels()
+    ax.legend(h1 + h2, l1 + l2, loc="lower left", fontsize=9)
+    fig.tight_layout()
+    return _save(fig, path)
+
+
+# --------------------------------------------------------------------------- dispatch
+
+
+def save_picture(kind: str, path: str | Path, *, plan: ParallelPlan | None = None,
+                 estimate: Estimate | None = None, points: Sequence[SweepPoint] | None = None,
+                 memory_margin: float = 0.0, console: Console | None = None) -> str:
+    """Write a picture of `kind` ("timeline": plan + estimate; "memory": estimate; "sweep": points).
+    A path ending in .png/.svg/.pdf is written with matplotlib; with path "-", another suffix, or
+    matplotlib missing, the terminal rendering is printed instead. Returns a one-line note."""
+    if kind not in KINDS:
+        raise ValueError(f"unknown picture kind {kind!r}; use one of {', '.join(KINDS)}")
+    path_s = str(path)
+    if path_s != "-" and Path(path_s).suffix.lower() in PICTURE_SUFFIXES:
+        if matplotlib_available():
+            if kind == "timeline":
+                plot_timeline(plan, estimate, path_s)
+            elif kind == "memory":
+                plot_memory(estimate, path_s, memory_margin)
+            else:
+                plot_sweep(points, path_s)
+            return f"wrote the {kind} picture to {path_s}"
+        note = f"matplotlib is not installed, so the {kind} is drawn here instead of {path_s}; {INSTALL_HINT}"
+    elif path_s == "-":
+        note = ""
+    else:
+        note = f"{path_s} does not end in {', '.join(PICTURE_SUFFIXES)}, so the {kind} is drawn here instead"
+    console = console or Console()
+    console.print(terminal_picture(kind, plan=plan, estimate=estimate, points=points, memory_margin=memory_margin,
+                                   width=console.width))
+    return note
+
+
+def terminal_picture(kind: str, *, plan: ParallelPlan | None = None, estimate: Estimate | None = None,
+                     points: Sequence[SweepPoint] | None = None, memory_margin: float = 0.0, width: int = 120):
+    """The Rich renderable of a picture for a terminal `width` characters wide."""
+    if kind == "timeline":
+        chart_w = max(20, width - 12)
+        tl = pipeline_timeline(plan, estimate, terminal_microbatches(plan, chart_w))
+        return timeline_text(tl, chart_w)
+    if kind == "memory":
+        return memory_text(estimate, memory_margin, max(20, min(80, width - 30)))
+    return Group(sweep_table(points))
+
+
+def terminal_microbatches(plan: ParallelPlan, width: int) -> int:
+    """Microbatches that leave each op about two characters: 2·m·vpp ops over ~(m + pp) op slots."""
+    return max(1, width // (4 * plan.vpp) - plan.pp)
+
+
+def matplotlib_available() -> bool:
+    try:
+        import matplotlib  # noqa: F401
+    except ImportError:
+        return False
+    return True
+
+
+def _figure(width: float, height: float):
+    """A matplotlib Figure on the Agg canvas (no pyplot, no global state)."""
+    from matplotlib.figure import Figure
+
+    return Figure(figsize=(width, height), dpi=110)
+
+
+def _save(fig, path: str | Path) -> Path:
+    out = Path(path)
+    out.parent.mkdir(parents=True, exist_ok=True)
+    fig.savefig(out, bbox_inches="tight")
+    return out
+
+
+def _lighter(color: str, amount: float) -> str:
+    """Blend a #RRGGBB colour toward white by `amount` (0..1)."""
+    rgb = [int(color[i:i + 2], 16) for i in (1, 3, 5)]
+    return "#" + "".join(f"{round(c + (255 - c) * amount):02X}" for c in rgb)
+
+
+def _legend_handles(parts: list[str], labels: dict[str, str]):
+    from matplotlib.patches import Patch
+
+    return [Patch(facecolor=COLORS[p], label=labels.get(p, p)) for p in parts]
