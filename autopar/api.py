@@ -153,6 +153,10 @@ def parse_assignments(text: str, what: str = "--fix") -> dict[str, Any]:
         if key in _INT_AXES:
             if not value.isdigit():
                 raise InvalidPlanError(f"{what} {key}={value!r}: the value must be a whole number")
+            lowest = 0 if key == "zero" else 1
+            if int(value) < lowest or (key == "zero" and int(value) > 3):
+                rule = "between 0 and 3" if key == "zero" else "at least 1"
+                raise InvalidPlanError(f"{what} {key}={value}: {key} must be {rule}")
             out[key] = int(value)
         elif key == "sp":
             if value.lower() not in ("on", "off", "true", "false", "1", "0"):

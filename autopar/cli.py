@@ -31,10 +31,17 @@ CostModelOpt = Annotated[Optional[str], typer.Option("--cost-model", help="A shi
 
 def _run(fn: Callable[[], Any]) -> Any:
     """Call fn; map domain errors to one line and exit code 2."""
+    from pydantic import ValidationError
+
+    from autopar.schema import one_line
+
     try:
         return fn()
     except AutoparError as exc:
         err.print(f"[bold red]error:[/] {exc}", soft_wrap=True)
+        raise typer.Exit(2)
+    except ValidationError as exc:  # a boundary model rejected a value the CLI passed through
+        err.print(f"[bold red]error:[/] {one_line(exc, 'invalid value')}", soft_wrap=True)
         raise typer.Exit(2)
 
 

@@ -83,7 +83,7 @@ def moe_layer_freq(moe: MoESpec, num_layers: int) -> str:
     return "(" + "+".join(terms) + ")"
 
 
-def _moe_args(spec: ModelSpec) -> list[str]:
+def _moe_args(spec: ModelSpec, plan: ParallelPlan) -> list[str]:
     moe = spec.moe
     if moe is None:
         return []
@@ -97,7 +97,10 @@ def _moe_args(spec: ModelSpec) -> list[str]:
     args += ["--moe-layer-freq", moe_layer_freq(moe, spec.num_layers)]
     if moe.top_k == 1:
         args.append("--moe-router-pre-softmax")  # Megatron: softmax over one expert has no gradient
-    return args + ["--moe-grouped-gemm", "--moe-token-dispatcher-type", "alltoall"]
+    args += ["--moe-grouped-gemm", "--moe-token-dispatcher-type", plan.moe_dispatcher]
+    if plan.moe_capacity_factor is not None:
+        args += ["--moe-expert-capacity-factor", repr(plan.moe_capacity_factor)]
+    return args
 
 
 def _mla_args(spec: ModelSpec) -> list[str]:
@@ -124,8 +127,11 @@ def _parallel_args(pf: PlanFile, plan: ParallelPlan) -> list[str]:
     spec = pf.target.model_spec
     args = ["--tensor-model-parallel-size", str(plan.tp), "--pipeline-model-parallel-size", str(plan.pp),
             "--context-parallel-size", str(plan.cp)]
+    if plan.cp > 1 or plan.cp_comm_type != "p2p":
+        args += ["--cp-comm-type", plan.cp_comm_type]
     if spec.moe is not None:
-        args += ["--expert-model-parallel-size", str(plan.ep), "--expert-tensor-parallel-size", str(plan.expert_tp)]
+        args += ["--expert-model-parallel-size", str(plan.ep)]
+        args += ["--expert-tensor-parallel-size", str(plan.etp)] if plan.etp is not None else []
     if plan.sequence_parallel and plan.tp > 1:
         args.append("--sequence-parallel")
     counts = layer_counts(pf)
@@ -172,7 +178,7 @@ def megatron_arg_groups(pf: PlanFile) -> list[tuple[str, list[str]]]:
     """The arguments by concern (model, moe, mla, parallel, recompute, step); checked, or ExportError."""
     plan = require_exportable(pf, "megatron")
     spec = pf.target.model_spec
-    groups = [("MODEL_ARGS", _model_args(spec, plan)), ("MOE_ARGS", _moe_args(spec)), ("MLA_ARGS", _mla_args(spec)),
+    groups = [("MODEL_ARGS", _model_args(spec, plan)), ("MOE_ARGS", _moe_args(spec, plan)), ("MLA_ARGS", _mla_args(spec)),
               ("PARALLEL_ARGS", _parallel_args(pf, plan)), ("RECOMPUTE_ARGS", _recompute_args(plan)),
               ("STEP_ARGS", _step_args(plan))]
     args = [a for _, group in groups for a in group]

@@ -68,6 +68,10 @@ def _table() -> dict[str, _Flag]:
         "--recompute-granularity": _Flag("recompute_granularity", "str"),
         "--recompute-method": _Flag("recompute_method", "str"),
         "--fp8-format": _Flag("fp8", "str"),
+        "--moe-token-dispatcher-type": _Flag("moe_token_dispatcher_type", "str", "allgather"),
+        "--moe-expert-capacity-factor": _Flag("moe_expert_capacity_factor", "float"),
+        "--cp-comm-type": _Flag("cp_comm_type", "list", ["p2p"]),
+        "--hierarchical-context-parallel-sizes": _Flag("hierarchical_context_parallel_sizes", "list"),
         "--moe-layer-freq": _Flag("moe_layer_freq", "freq", 1),
         "--recompute-modules": _Flag("recompute_modules", "list"),
         "--disable-bias-linear": _Flag("add_bias_linear", "false", True),
@@ -410,6 +414,12 @@ def _batch(a: Mapping[str, Any], world_size: int) -> list[str]:
 def _sequence(a: Mapping[str, Any]) -> list[str]:
     out = []
     cp, seq = a["context_parallel_size"], a["seq_length"]
+    types = a["cp_comm_type"] or ["p2p"]
+    bad = sorted(set(types) - {"p2p", "a2a", "allgather", "a2a+p2p"})
+    if bad:
+        out.append(f"Megatron: --cp-comm-type {bad} is not one of p2p, a2a, allgather, a2a+p2p")
+    if "a2a+p2p" in types and a["hierarchical_context_parallel_sizes"] is None:
+        out.append("Megatron: '--hierarchical-context-parallel-sizes must be set when a2a+p2p is used in cp comm'")
     if seq is not None and cp > 1 and seq % (2 * cp):
         out.append(f"Megatron: 'seq-length should be a multiple of 2 * context-parallel-size if "
                    f"context-parallel-size > 1' ({seq} % {2 * cp} != 0); change cp or the sequence length")
@@ -512,6 +522,11 @@ def _experts(a: Mapping[str, Any]) -> list[str]:
     if experts is not None and a["moe_router_topk"] == 1 and a["moe_router_score_function"] == "softmax" \
             and not a["moe_router_pre_softmax"]:
         out.append("Megatron: 'Please use --moe-router-pre-softmax when topk is 1.'")
+    if experts is not None and a["moe_token_dispatcher_type"] not in ("allgather", "alltoall", "flex"):
+        out.append(f"Megatron: --moe-token-dispatcher-type {a['moe_token_dispatcher_type']!r} is not one of "
+                   "allgather, alltoall, flex")
+    if a["moe_expert_capacity_factor"] is not None and a["moe_expert_capacity_factor"] <= 0:
+        out.append("Megatron: the expert capacity factor must be positive; drop it for dropless routing")
     if experts is not None and a["moe_grouped_gemm"] and not a["bf16"]:
         out.append("Megatron: 'Currently GroupedGEMM for MoE only supports bf16 dtype.'")
     if experts is not None and isinstance(a["moe_layer_freq"], list) and a["num_layers"] is not None \

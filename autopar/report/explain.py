@@ -45,6 +45,7 @@ from typing import Any
 
 from rich.console import Console
 from rich.table import Table
+from rich.text import Text
 
 from autopar.cost.params import CostParams
 from autopar.cost.step import Estimate, estimate
@@ -381,7 +382,7 @@ def render_explanation(console: Console, ex: Explanation) -> None:
 
 def stage_time_table(ex: Explanation) -> Table:
     shown = [k for k in TIME_TERMS if k not in COMM_AXES or any(s.terms_s[k] > 0 for s in ex.stage_times)]
-    t = Table(title=f"Step time per pipeline stage (each row sums to the step; * = bottleneck rank)")
+    t = Table(title="Step time per pipeline stage (each row sums to the step; * = bottleneck rank)")
     t.add_column("stage", justify="right")
     t.add_column("layers", justify="right")
     for k in shown:
@@ -418,5 +419,5 @@ def alternatives_table(ex: Explanation) -> Table:
         e = a.estimate
         step = seconds(e.step_time_s) if e else "—"
         rel = f"{e.step_time_s / base - 1.0:+.1%}" if e else "—"
-        t.add_row(a.name, step, rel, _VERDICT_TEXT[a.verdict], a.reason, style=_VERDICT_STYLE[a.verdict])
+        t.add_row(a.name, step, rel, _VERDICT_TEXT[a.verdict], Text(a.reason), style=_VERDICT_STYLE[a.verdict])
     return t

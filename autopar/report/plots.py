@@ -40,6 +40,8 @@ COLORS = {  # one colour per part; the terminal uses the same names
     "other": "#BAB0AC",
 }
 MEMORY_PARTS = ("weights", "gradients", "optimizer", "activations", "other")  # other = fsdp_gathered + buffers
+MEMORY_LABELS = {"weights": "weights", "gradients": "gradients", "optimizer": "optimizer state",
+                 "activations": "activations", "other": "other: buffers, fragmentation,\nFSDP gathers"}
 
 
 @dataclass(frozen=True, slots=True)
@@ -321,22 +323,26 @@ def memory_text(estimate: Estimate, memory_margin: float = 0.0, width: int = 60)
     return out
 
 
-def plot_memory(estimate: Estimate, path: str | Path, memory_margin: float = 0.0) -> Path:
-    """Stacked memory bars per stage with the HBM capacity (and usable share) lines. Needs matplotlib."""
+def plot_memory(estimate: Estimate, path: str | Path, memory_margin: float = 0.0,
+                plan: ParallelPlan | None = None) -> Path:
+    """Stacked memory bars per stage with the HBM capacity (and usable share) lines; `plan` names the
+    layout in the title. Needs matplotlib."""
     stages = sorted(estimate.stages, key=lambda s: s.rank)
     fig = _figure(width=max(6.0, 1.2 + 0.55 * len(stages)), height=5.0)
     ax = fig.add_subplot()
     xs = list(range(len(stages)))
     bottom = [0.0] * len(stages)
+    bars = []
     for part in MEMORY_PARTS:
         vals = [memory_parts(s.memory_breakdown_bytes)[part] / GiB for s in stages]
-        ax.bar(xs, vals, bottom=bottom, color=COLORS[part], width=0.7, label=part, edgecolor="white", linewidth=0.5)
+        bars.append(ax.bar(xs, vals, bottom=bottom, color=COLORS[part], width=0.7, label=MEMORY_LABELS[part],
+                           edgecolor="white", linewidth=0.5))
         bottom = [b + v for b, v in zip(bottom, vals)]
     cap = estimate.memory_capacity_bytes / GiB
-    ax.axhline(cap, color="black", linewidth=1.2, label=f"HBM {cap:.0f} GiB")
+    lines = [ax.axhline(cap, color="black", linewidth=1.2, label=f"HBM {cap:.0f} GiB")]
     if memory_margin > 0:
-        ax.axhline(cap * (1 - memory_margin), color="#D62728", linestyle="--", linewidth=1.2,
-                   label=f"usable {cap * (1 - memory_margin):.1f} GiB ({memory_margin:.0%} kept free)")
+        lines.append(ax.axhline(cap * (1 - memory_margin), color="#D62728", linestyle="--", linewidth=1.2,
+                                label=f"usable {cap * (1 - memory_margin):.1f} GiB ({memory_margin:.0%} kept free)"))
     for x, total in zip(xs, bottom):
         over = total > cap * (1 - memory_margin)
         ax.text(x, total, f"{total:.1f}", ha="center", va="bottom", fontsize=8,
@@ -345,8 +351,12 @@ def plot_memory(estimate: Estimate, path: str | Path, memory_margin: float = 0.0
     ax.set_xlabel("pipeline stage (rank)")
     ax.set_ylabel("peak memory per GPU (GiB)")
     ax.set_ylim(0, max(cap, max(bottom)) * 1.15)
-    ax.set_title("Peak memory per GPU by pipeline stage")
-    ax.legend(loc="upper left", bbox_to_anchor=(1.01, 1.0), fontsize=9, frameon=False)
+    title = "Peak memory per GPU by pipeline stage"
+    if plan is not None:
+        title += f"\n{plan.layout()} dp{estimate.dp} mbs{plan.mbs} zero{plan.zero} {plan.recompute.label()}"
+    ax.set_title(title, fontsize=11)
+    ax.legend(handles=lines + bars[::-1], loc="upper left", bbox_to_anchor=(1.01, 1.0), fontsize=9,
+              frameon=False)  # parts listed top-down, as stacked
     fig.tight_layout()
     return _save(fig, path)
 
@@ -371,11 +381,15 @@ def plot_sweep(points: Sequence[SweepPoint], path: str | Path) -> Path:
     failed = [i for i, p in enumerate(points) if not p.fits]
     if failed:
         ax.plot(failed, [0] * len(failed), "x", color="#D62728", markersize=10, clip_on=False,
-                label="no plan fits / invalid")
+                label="no plan (does not fit or invalid)")
+        for i in failed:
+            ax.annotate("no plan", (i, 0), textcoords="offset points", xytext=(0, 10), ha="center", fontsize=8,
+                        color="#D62728")
     ax.set_ylim(0, max(tps, default=1.0) * 1.3)
     ax.set_ylabel("tokens/s per GPU", color=COLORS["forward"])
     ax.set_xticks(xs, [str(p.value(axis)) for p in points])
-    ax.set_xlabel(axis.replace("_", " ").replace("gpus", "GPUs"))
+    ax.set_xlim(-0.6, len(points) - 0.4)
+    ax.set_xlabel(_axis_label(axis))
     ax2 = ax.twinx()
     ax2.plot(ok, [points[i].mfu * 100 for i in ok], marker="s", linestyle="--", color=COLORS["recompute"],
              label="MFU")
@@ -384,12 +398,18 @@ def plot_sweep(points: Sequence[SweepPoint], path: str | Path) -> Path:
     first = points[0]
     fixed = ", ".join(f"{k.replace('_', ' ')} {first.value(k)}" for k in ("gpus", "global_batch", "seq_len")
                       if k != axis and len({p.value(k) for p in points}) == 1)
-    ax.set_title(f"{first.model} on {first.cluster}: best plan per point ({fixed})")
+    ref = next((p for p in points if p.fits), None)
+    eff_note = (f"\neff. = tokens/s/GPU ÷ that at {_axis_label(axis)} {ref.value(axis)}" if ref else "")
+    ax.set_title(f"{first.model} on {first.cluster}: best plan per point ({fixed}){eff_note}", fontsize=11)
     h1, l1 = ax.get_legend_handles_labels()
     h2, l2 = ax2.get_legend_handles_labels()
-    ax.legend(h1 + h2, l1 + l2, loc="lower left", fontsize=9)
-    fig.tight_layout()
+    fig.legend(h1 + h2, l1 + l2, loc="lower center", ncol=3, fontsize=9, frameon=False)
+    fig.tight_layout(rect=(0, 0.07, 1, 1))
     return _save(fig, path)
+
+
+def _axis_label(axis: str) -> str:
+    return {"gpus": "GPUs", "global_batch": "global batch", "seq_len": "sequence length"}[axis]
 
 
 # --------------------------------------------------------------------------- dispatch
@@ -409,7 +429,7 @@ def save_picture(kind: str, path: str | Path, *, plan: ParallelPlan | None = Non
             if kind == "timeline":
                 plot_timeline(plan, estimate, path_s)
             elif kind == "memory":
-                plot_memory(estimate, path_s, memory_margin)
+                plot_memory(estimate, path_s, memory_margin, plan)
             else:
                 plot_sweep(points, path_s)
             return f"wrote the {kind} picture to {path_s}"

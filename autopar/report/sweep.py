@@ -22,6 +22,7 @@ from typing import Any
 
 from rich.console import Console
 from rich.table import Table
+from rich.text import Text
 
 from autopar.cost.step import Estimate
 from autopar.errors import AutoparError, SchemaError
@@ -177,7 +178,8 @@ def sweep_table(points: Sequence[SweepPoint], bar_width: int = 16) -> Table:
     for p, eff in zip(points, scaling_efficiency(points)):
         head = [str(p.gpus), str(p.global_batch), str(p.seq_len)]
         if not p.fits:
-            t.add_row(*head, f"[red]no plan: {p.reason}[/]", "—", "—", "—", "", "—", "—")
+            t.add_row(*head, Text(p.reason.split("; ")[0] if p.reason else "no plan", style="red"),
+                      "—", "—", "—", "", "—", "—")
             continue
         e, plan = p.estimate, p.plan
         style = "red" if eff < 0.8 else ("yellow" if eff < 0.95 else "green")

@@ -1,0 +1,131 @@
+"""DeepSpeed export: a ds_config.json and a `deepspeed` launcher line.
+
+Supported subset (the DeepSpeed engine itself, not Megatron-DeepSpeed):
+- data parallelism with ZeRO 0-3 (zero_optimization.stage), bf16;
+- pipeline parallelism through PipelineModule (config "pipeline": {"stages": pp}), only with
+  ZeRO 0/1, vpp 1 and an even split of the decoder layers (PipelineModule partitions evenly);
+- recompute: none; selective of core attention only (no flag: flash/SDPA attention stores no
+  attention scores, which is what Megatron's core_attn recompute saves); full of every layer
+  (pipeline.activation_checkpoint_interval 1, activation_checkpointing section); full of K layers
+  per stage without a pipeline (number_checkpoints K; the model wraps its first K blocks in
+  deepspeed.checkpointing.checkpoint).
+Refused with the reason: tp, cp, ep > 1 (no tensor/context/expert parallelism in the engine),
+vpp > 1, fp8, zero_shard_size (MiCS hybrid sharding was removed in DeepSpeed 0.19), uneven or
+interleaved pipelines, MoE capacity settings, other selective modules, and full K with a pipeline.
+
+Bucket sizes for ZeRO-3 follow the values Hugging Face's DeepSpeed integration fills for "auto"
+(reduce bucket h², prefetch 0.9·h², persistence threshold 10·h; transformers docs, "ZeRO-3 config").
+"""
+
+from __future__ import annotations
+
+import json
+import shlex
+from typing import Any
+
+from autopar.export.common import cluster_block, header, layer_counts, node_shape, refuse, require_exportable
+from autopar.schema.plan import ParallelPlan
+from autopar.schema.plan_file import PlanFile
+
+BUCKET_BYTES = 500_000_000  # DeepSpeed's default reduce/allgather bucket (elements), zero/config.py
+
+
+def deepspeed_refusals(pf: PlanFile, plan: ParallelPlan) -> list[str]:
+    """Every reason the DeepSpeed engine cannot run `plan` (empty = exportable)."""
+    out = []
+    for axis in ("tp", "cp", "ep"):
+        if getattr(plan, axis) > 1:
+            out.append(f"{axis} {getattr(plan, axis)}: the DeepSpeed engine has no tensor, context or expert "
+                       "parallelism (Megatron-DeepSpeed adds them); export to megatron or set it to 1")
+    if plan.vpp > 1:
+        out.append(f"vpp {plan.vpp}: PipelineModule runs one stage per rank (no interleaved schedule); set vpp 1")
+    if plan.precision == "fp8":
+        out.append("fp8: the DeepSpeed engine trains in bf16 or fp16, fp8 GEMMs need Transformer Engine; use bf16")
+    if plan.zero_shard_size is not None:
+        out.append("zero_shard_size: DeepSpeed 0.19 removed MiCS hybrid sharding (ZeRO++ hpZ only splits the "
+                   "secondary weight copy); drop zero_shard_size")
+    counts = layer_counts(pf)
+    if plan.pp > 1 and len(set(counts)) > 1:
+        out.append(f"layers per stage {list(counts)}: PipelineModule partitions the decoder layers evenly; "
+                   "use a layer count divisible by pp or export to megatron")
+    rc = plan.recompute
+    if rc.mode == "selective" and set(rc.modules) != {"core_attn"}:
+        out.append(f"selective recompute of {', '.join(rc.modules)}: DeepSpeed recomputes whole layers only; "
+                   "use full, none or selective core_attn")
+    if rc.mode == "full" and rc.num_layers is not None and plan.pp > 1:
+        out.append(f"full recompute of {rc.num_layers} layers per stage: PipelineModule checkpoints every "
+                   "`activation_checkpoint_interval` layers; use full recompute of every layer")
+    if plan.moe_capacity_factor is not None:
+        out.append("moe capacity factor: the DeepSpeed engine has no MoE routing settings; drop it")
+    return out
+
+
+def _zero_section(pf: PlanFile, plan: ParallelPlan) -> dict[str, Any]:
+    zero: dict[str, Any] = {"stage": plan.zero, "overlap_comm": plan.overlap_grad_reduce,
+                            "contiguous_gradients": True, "reduce_scatter": True,
+                            "reduce_bucket_size": BUCKET_BYTES, "allgather_bucket_size": BUCKET_BYTES}
+    if plan.zero == 3:
+        h = pf.target.model_spec.hidden_size
+        zero |= {"reduce_bucket_size": h * h,
+                 "stage3_prefetch_bucket_size": int(0.9 * h * h) if plan.overlap_param_gather else 0,
+                 "stage3_param_persistence_threshold": 10 * h,
+                 "stage3_gather_16bit_weights_on_model_save": True}
+    return zero
+
+
+def export_deepspeed(pf: PlanFile) -> dict[str, Any]:
+    """The ds_config dict; ExportError names what DeepSpeed cannot express."""
+    plan = require_exportable(pf, "deepspeed")
+    refuse("deepspeed", deepspeed_refusals(pf, plan))
+    dp = plan.dp_for(pf.target.gpus)
+    config: dict[str, Any] = {
+        "train_batch_size": plan.global_batch,
+        "train_micro_batch_size_per_gpu": plan.mbs,
+        "gradient_accumulation_steps": plan.global_batch // (plan.mbs * dp),
+        "gradient_clipping": 1.0,
+        "steps_per_print": 10,
+        "bf16": {"enabled": True},
+        "zero_optimization": _zero_section(pf, plan),
+        "wall_clock_breakdown": False,
+    }
+    if plan.recompute.mode == "full":
+        config["activation_checkpointing"] = {
+            "partition_activations": False, "cpu_checkpointing": False, "contiguous_memory_optimization": False,
+            "number_checkpoints": plan.recompute.num_layers, "synchronize_checkpoint_boundary": False,
+            "profile": False}
+    if plan.pp > 1:
+        config["pipeline"] = {"stages": plan.pp,
+                              "activation_checkpoint_interval": 1 if plan.recompute.mode == "full" else 0}
+    return config
+
+
+def deepspeed_launch_command(pf: PlanFile, config_path: str = "ds_config.json") -> str:
+    """One `deepspeed` launcher line; the hostfile, port and training script come from the environment."""
+    per_node, nodes = node_shape(pf)
+    return (f'deepspeed --hostfile "${{HOSTFILE:-hostfile}}" --num_nodes {nodes} --num_gpus {per_node} '
+            f'--master_addr "${{MASTER_ADDR:-localhost}}" --master_port "${{MASTER_PORT:-29500}}" '
+            f'"${{TRAIN_SCRIPT:-train.py}}" --deepspeed --deepspeed_config {shlex.quote(config_path)}')
+
+
+def launch_script(pf: PlanFile, config: dict[str, Any], config_path: str = "ds_config.json") -> str:
+    plan, spec = pf.parallel, pf.target.model_spec
+    model_code = [f"# The training script builds the model and calls deepspeed.initialize(config={config_path!r}).",
+                  f"# Sequence length {plan.seq_len} tokens (DeepSpeed's config does not carry it): SEQ_LEN below."]
+    if plan.pp > 1:
+        model_code.append(f"# pp {plan.pp}: wrap the {spec.num_layers} decoder layers in PipelineModule(num_stages={plan.pp}, "
+                          "partition_method='type:<DecoderLayer>') so every stage gets "
+                          f"{spec.num_layers // plan.pp} layers.")
+    if plan.recompute.mode == "full" and plan.recompute.num_layers is not None:
+        model_code.append(f"# Recompute: wrap the first {plan.recompute.num_layers} decoder layers of the model in "
+                          "deepspeed.checkpointing.checkpoint.")
+    body = [header(pf, "deepspeed", "DeepSpeed launch"), "\n".join(model_code),
+            "# ---- Set these ----\n"
+            'HOSTFILE="${HOSTFILE:-hostfile}"                 # <-- SET: one line per node, "host slots=N"\n'
+            'TRAIN_SCRIPT="${TRAIN_SCRIPT:-train.py}"         # <-- SET: your DeepSpeed training script\n'
+            f'export SEQ_LEN="${{SEQ_LEN:-{plan.seq_len}}}"',
+            cluster_block(pf, 29500),
+            "# The deepspeed launcher starts every node over ssh from the hostfile: run this on the first node.",
+            deepspeed_launch_command(pf, config_path),
+            f"# ds_config.json as written beside this script:\n# "
+            + json.dumps(config, sort_keys=True).replace("\n", " ")]
+    return "\n\n".join(body) + "\n"

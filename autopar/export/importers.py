@@ -1,0 +1,390 @@
+"""Plans from existing launch configurations: Megatron-LM arguments (an argv list, a command line
+or a whole launch script) and DeepSpeed config JSON.
+
+Imports are canonical, so that plan -> export -> import gives the same ParallelPlan: a field
+equal to its default meaning is returned as the default (etp equal to tp -> None; sequence
+parallelism equal to "on when tp > 1" -> None; a stage split equal to autopar's default -> None).
+What autopar cannot represent is refused with InputFileError naming the flag.
+"""
+
+from __future__ import annotations
+
+import json
+import re
+import shlex
+from pathlib import Path
+from typing import Any, Mapping
+
+from pydantic import ValidationError
+
+from autopar.cost.step import stage_layer_counts
+from autopar.errors import InputFileError
+from autopar.export.megatron_rules import parse_layout, parse_megatron_argv
+from autopar.schema import one_line
+from autopar.schema.plan import ParallelPlan, Recompute
+
+# ---- Megatron: text -> argv ---------------------------------------------------------------------
+
+_VAR = re.compile(r"\$\{(\w+)(?::?-([^}]*))?\}|\$(\w+)")
+_ASSIGN = re.compile(r"^(?:export\s+)?(\w+)=(.*)$")
+_ARRAY_REF = re.compile(r'^"?\$\{(\w+)\[@\]\}"?$')
+
+
+def _expand(text: str, env: Mapping[str, str]) -> str:
+    """${X:-default}, ${X} and $X from the script's own assignments (never the caller's environment)."""
+    def sub(m: re.Match) -> str:
+        name = m.group(1) or m.group(3)
+        if name in env:
+            return env[name]
+        return m.group(2) if m.group(2) is not None else m.group(0)
+    return _VAR.sub(sub, text)
+
+
+def _logical_lines(text: str) -> list[str]:
+    joined = re.sub(r"\\\r?\n", " ", text)
+    return [line.strip() for line in joined.splitlines()]
+
+
+def _script_argv(text: str) -> tuple[list[str], dict[str, str]]:
+    """The arguments after pretrain_gpt.py (arrays expanded), and the script's variable defaults.
+    Text without such a line is read as one argument list."""
+    env: dict[str, str] = {}
+    arrays: dict[str, list[str]] = {}
+    lines = _logical_lines(text)
+    command: list[str] | None = None
+    i = 0
+    while i < len(lines):
+        line = lines[i]
+        i += 1
+        m = _ASSIGN.match(line)
+        if m and m.group(2).startswith("("):
+            body = m.group(2)[1:]
+            while _array_end(body) is None and i < len(lines):
+                body += "\n" + lines[i]
+                i += 1
+            arrays[m.group(1)] = _split(_expand(body[:_array_end(body)], env))
+        elif m:
+            value = _split(_expand(m.group(2), env))
+            env[m.group(1)] = value[0] if value else ""
+        elif re.search(r"pretrain_\w+\.py", line) and not line.startswith("#"):
+            words = _split(line)
+            at = next(k for k, w in enumerate(words) if re.search(r"pretrain_\w+\.py", w))
+            command = words[at + 1:]
+    if command is None:
+        return _split(_expand("\n".join(lines), env)), env
+    argv: list[str] = []
+    for word in command:
+        ref = _ARRAY_REF.match(word)
+        argv += arrays.get(ref.group(1), []) if ref else [_expand(word, env)]
+    return argv, env
+
+
+def _array_end(body: str) -> int | None:
+    """Index of the unquoted ')' that closes a bash array body, skipping quotes and comments."""
+    quote, depth, k = "", 1, 0
+    while k < len(body):
+        ch = body[k]
+        if quote:
+            if ch == "\\" and quote == '"':
+                k += 1
+            elif ch == quote:
+                quote = ""
+        elif ch == "\\":
+            k += 1
+        elif ch in "'\"":
+            quote = ch
+        elif ch == "#" and (k == 0 or body[k - 1].isspace()):
+            nl = body.find("\n", k)
+            k = len(body) if nl < 0 else nl
+        elif ch == "(":
+            depth += 1
+        elif ch == ")":
+            depth -= 1
+            if depth == 0:
+                return k
+        k += 1
+    return None
+
+
+def _split(text: str) -> list[str]:
+    try:
+        return shlex.split(text, comments=True)
+    except ValueError as exc:
+        raise InputFileError(f"cannot split the Megatron arguments ({exc}); check the quoting")
+
+
+def _argv(source: str | Path | list[str] | tuple[str, ...]) -> tuple[list[str], dict[str, str]]:
+    if isinstance(source, (list, tuple)):
+        return list(source), {}
+    if isinstance(source, Path) or (isinstance(source, str) and "\n" not in source and Path(source).is_file()):
+        path = Path(source)
+        if not path.is_file():
+            raise InputFileError(f"launch script {path} does not exist; pass the script's path or its arguments")
+        try:
+            return _script_argv(path.read_text(encoding="utf-8"))
+        except (OSError, UnicodeDecodeError) as exc:
+            raise InputFileError(f"cannot read launch script {path} ({exc.__class__.__name__}); check its permissions")
+    return _script_argv(source)
+
+
+# ---- Megatron: argv -> plan and model fields ------------------------------------------------------
+
+def plan_from_megatron_args(args: str | Path | list[str], num_gpus: int | None = None
+                            ) -> tuple[ParallelPlan, dict[str, Any]]:
+    """(plan, model fields) from Megatron-LM `pretrain_gpt.py` arguments: an argv list, a command
+    line, script text or a script path. `num_gpus` defaults to the script's GPUS_PER_NODE · NNODES
+    (needed only for --num-distributed-optimizer-instances)."""
+    argv, env = _argv(args)
+    a = parse_megatron_argv(argv)
+    if num_gpus is None and env.get("GPUS_PER_NODE", "").isdigit() and env.get("NNODES", "").isdigit():
+        num_gpus = int(env["GPUS_PER_NODE"]) * int(env["NNODES"])
+    _refuse_unmodelled(a)
+    model = megatron_model_fields(a)
+    fields: dict[str, Any] = {
+        "tp": a["tensor_model_parallel_size"], "pp": a["pipeline_model_parallel_size"],
+        "cp": a["context_parallel_size"], "ep": a["expert_model_parallel_size"],
+        "mbs": a["micro_batch_size"] or 1, "seq_len": a["seq_length"], "framework": "megatron",
+        "zero": 1 if a["use_distributed_optimizer"] else 0, "precision": "fp8" if a["fp8"] else "bf16",
+        "overlap_grad_reduce": a["overlap_grad_reduce"], "overlap_param_gather": a["overlap_param_gather"],
+        "tp_comm_overlap": a["tp_comm_overlap"], "recompute": _megatron_recompute(a),
+    }
+    fields["etp"] = a["expert_tensor_parallel_size"]
+    fields |= _megatron_comm_types(a)
+    sp = a["sequence_parallel"] and fields["tp"] > 1
+    fields["sp"] = None if sp == (fields["tp"] > 1) else sp
+    fields["vpp"], fields["layers_per_stage"] = _megatron_stages(a)
+    fields |= _megatron_batch(a, fields, num_gpus)
+    if fields["seq_len"] is None:
+        raise InputFileError("the Megatron arguments have no --seq-length; add it")
+    try:
+        return ParallelPlan(**fields), model
+    except ValidationError as exc:
+        raise InputFileError(one_line(exc, "the Megatron arguments give an invalid plan"))
+
+
+def _refuse_unmodelled(a: Mapping[str, Any]) -> None:
+    unmodelled = {"use_torch_fsdp2": "--use-torch-fsdp2", "use_megatron_fsdp": "--use-megatron-fsdp",
+                  "squared_relu": "--squared-relu", "quick_geglu": "--quick-geglu", "fp16": "--fp16",
+                  "use_legacy_models": "--use-legacy-models",
+                  "account_for_embedding_in_pipeline_split": "--account-for-embedding-in-pipeline-split",
+                  "account_for_loss_in_pipeline_split": "--account-for-loss-in-pipeline-split"}
+    found = [flag for dest, flag in unmodelled.items() if a[dest]]
+    if a["position_embedding_type"] not in ("rope", "learned_absolute") and not a["use_rotary_position_embeddings"]:
+        found.append(f"--position-embedding-type {a['position_embedding_type']}")
+    if found:
+        raise InputFileError(f"autopar does not model {', '.join(found)}; remove it to import the rest")
+
+
+def _megatron_comm_types(a: Mapping[str, Any]) -> dict[str, Any]:
+    out: dict[str, Any] = {}
+    types = set(a["cp_comm_type"] or ["p2p"])
+    if len(types) != 1 or not types <= {"p2p", "a2a", "allgather"}:
+        raise InputFileError(f"--cp-comm-type {sorted(types)} has no autopar form; use one of p2p, a2a, allgather "
+                             "for every layer")
+    out["cp_comm_type"] = types.pop()
+    if a["num_experts"]:
+        if a["moe_token_dispatcher_type"] not in ("alltoall", "allgather"):
+            raise InputFileError(f"--moe-token-dispatcher-type {a['moe_token_dispatcher_type']} is not modelled; "
+                                 "use alltoall or allgather")
+        out["moe_dispatcher"] = a["moe_token_dispatcher_type"]
+    if a["moe_expert_capacity_factor"] is not None:
+        out["moe_capacity_factor"] = a["moe_expert_capacity_factor"]
+    return out
+
+
+def _megatron_recompute(a: Mapping[str, Any]) -> Recompute:
+    gran = "selective" if a["recompute_activations"] else a["recompute_granularity"]
+    if gran is None:
+        return Recompute(mode="none")
+    if gran == "selective":
+        modules = a["recompute_modules"] if a["recompute_modules"] is not None else ["core_attn"]
+        try:
+            return Recompute(mode="selective", modules=tuple(modules))
+        except ValidationError as exc:
+            raise InputFileError(one_line(exc, "--recompute-modules"))
+    method, k = a["recompute_method"], a["recompute_num_layers"]
+    if method == "block" and k is not None:
+        return Recompute(mode="full", num_layers=k)
+    if method == "uniform" and k == 1:
+        return Recompute(mode="full")
+    raise InputFileError(f"full recompute with --recompute-method {method} --recompute-num-layers {k} has no autopar "
+                         "form; use block with K layers per stage, or uniform with 1 (every layer)")
+
+
+def _megatron_stages(a: Mapping[str, Any]) -> tuple[int, tuple[int, ...] | None]:
+    """(vpp, layers_per_stage or None when the split is autopar's default)."""
+    pp, layers = a["pipeline_model_parallel_size"], a["num_layers"]
+    counts: list[int] | None = None
+    if a["pipeline_model_parallel_layout"] is not None:
+        try:
+            stages = parse_layout(a["pipeline_model_parallel_layout"])
+        except ValueError as exc:
+            raise InputFileError(f"--pipeline-model-parallel-layout: {exc}")
+        if len(stages) % pp:
+            raise InputFileError(f"the layout has {len(stages)} stages, not a multiple of pp {pp}; fix the layout")
+        counts, vpp = [s.count("t") for s in stages], len(stages) // pp
+    else:
+        vpp = a["num_virtual_stages_per_pipeline_rank"] or 1
+        if a["num_layers_per_virtual_pipeline_stage"] and layers:
+            vpp = max(layers // pp // a["num_layers_per_virtual_pipeline_stage"], 1)
+        first, last = a["decoder_first_pipeline_num_layers"], a["decoder_last_pipeline_num_layers"]
+        if (first is not None or last is not None) and layers:
+            counts = _first_last_counts(layers, pp, vpp, first, last)
+    if counts is None or layers is None:
+        return vpp, None
+    default = stage_layer_counts(layers, pp * vpp)
+    return vpp, None if tuple(counts) == default else tuple(counts)
+
+
+def _first_last_counts(layers: int, pp: int, vpp: int, first: int | None, last: int | None) -> list[int]:
+    """Per-virtual-stage counts of --decoder-first/last-pipeline-num-layers (each rank's layers split
+    evenly over its vpp chunks, as Megatron's get_num_layers_to_build does)."""
+    middle_ranks = pp - (first is not None) - (last is not None)
+    middle = layers - (first or 0) - (last or 0)
+    per_middle = middle // middle_ranks if middle_ranks else 0
+    per_rank = [per_middle] * pp
+    if first is not None:
+        per_rank[0] = first
+    if last is not None:
+        per_rank[-1] = last
+    return [per_rank[r] // vpp for _ in range(vpp) for r in range(pp)]
+
+
+def _megatron_batch(a: Mapping[str, Any], fields: Mapping[str, Any], num_gpus: int | None) -> dict[str, Any]:
+    out: dict[str, Any] = {}
+    dp = num_gpus // (fields["tp"] * fields["pp"] * fields["cp"]) if num_gpus else None
+    gbs = a["global_batch_size"]
+    if gbs is None:
+        if dp is None:
+            raise InputFileError("the Megatron arguments have no --global-batch-size; add it or pass num_gpus")
+        gbs = fields["mbs"] * dp
+    out["global_batch"] = gbs
+    inst = a["num_distributed_optimizer_instances"]
+    if inst > 1:
+        if dp is None:
+            raise InputFileError("--num-distributed-optimizer-instances needs the GPU count; pass num_gpus")
+        out["zero_shard_size"] = dp // inst
+    return out
+
+
+def megatron_model_fields(a: Mapping[str, Any]) -> dict[str, Any]:
+    """ModelSpec fields the Megatron arguments determine (name and source are the caller's)."""
+    fields: dict[str, Any] = {
+        "num_layers": a["num_layers"], "hidden_size": a["hidden_size"], "num_attention_heads": a["num_attention_heads"],
+        "num_kv_heads": a["num_query_groups"] if a["group_query_attention"] else None, "head_dim": a["kv_channels"],
+        "activation": "swiglu" if a["swiglu"] else "gelu",
+        "normalization": "rmsnorm" if a["normalization"] == "RMSNorm" else "layernorm",
+        "position_embedding": "rope" if a["position_embedding_type"] == "rope" or a["use_rotary_position_embeddings"]
+        else "learned",
+        "tie_embeddings": not a["untie_embeddings_and_output_weights"],
+        "qkv_bias": a["add_bias_linear"] or a["add_qkv_bias"], "attn_out_bias": a["add_bias_linear"],
+        "mlp_bias": a["add_bias_linear"], "qk_norm": a["qk_layernorm"],
+        "dropout": a["attention_dropout"] > 0 or a["hidden_dropout"] > 0,
+        "max_position_embeddings": a["max_position_embeddings"], "mtp_layers": a["mtp_num_layers"] or 0,
+    }
+    hidden = a["hidden_size"]
+    if a["ffn_hidden_size"] is not None:
+        fields["ffn_hidden_size"] = a["ffn_hidden_size"]
+    elif hidden is not None:  # Megatron's default when the flag is absent
+        fields["ffn_hidden_size"] = int(4 * hidden * 2 / 3 / 64) * 64 if a["swiglu"] else 4 * hidden
+    if a["vocab_size"] is not None:
+        fields["vocab_size"] = a["vocab_size"]
+    if a["multi_latent_attention"]:
+        fields["mla"] = {"q_lora_rank": a["q_lora_rank"], "kv_lora_rank": a["kv_lora_rank"],
+                         "qk_nope_head_dim": a["qk_head_dim"], "qk_rope_head_dim": a["qk_pos_emb_head_dim"],
+                         "v_head_dim": a["v_head_dim"]}
+    if a["num_experts"]:
+        fields["moe"] = _moe_fields(a)
+    return fields
+
+
+def _moe_fields(a: Mapping[str, Any]) -> dict[str, Any]:
+    moe: dict[str, Any] = {"num_experts": a["num_experts"], "top_k": a["moe_router_topk"],
+                           "expert_ffn_hidden_size": a["moe_ffn_hidden_size"] or a["ffn_hidden_size"]}
+    shared = a["moe_shared_expert_intermediate_size"]
+    if shared:
+        moe |= {"num_shared_experts": 1, "shared_expert_ffn_hidden_size": shared,
+                "shared_expert_gate": a["moe_shared_expert_gate"]}
+    freq = a["moe_layer_freq"]
+    if isinstance(freq, int):
+        moe |= {"first_k_dense": 0, "layer_freq": freq}
+        return moe
+    k = next((i for i, x in enumerate(freq) if x), len(freq))
+    for f in range(1, len(freq) - k + 1):
+        if all(x == int((i - k) % f == 0) for i, x in enumerate(freq[k:], start=k)):
+            return moe | {"first_k_dense": k, "layer_freq": f}
+    raise InputFileError(f"--moe-layer-freq pattern {freq} is not 'k dense layers, then every f-th layer MoE'; "
+                         "autopar cannot model it")
+
+
+# ---- DeepSpeed ---------------------------------------------------------------------------------
+
+def _ds_dict(config: str | Path | Mapping[str, Any]) -> dict[str, Any]:
+    if isinstance(config, Mapping):
+        return dict(config)
+    path = Path(config)
+    if not path.is_file():
+        raise InputFileError(f"DeepSpeed config {path} does not exist; pass a ds_config.json path or a dict")
+    try:
+        raw = json.loads(path.read_text(encoding="utf-8"))
+    except (OSError, UnicodeDecodeError) as exc:
+        raise InputFileError(f"cannot read DeepSpeed config {path} ({exc.__class__.__name__}); check its permissions")
+    except json.JSONDecodeError as exc:
+        raise InputFileError(f"DeepSpeed config {path} is malformed JSON near line {exc.lineno}; fix its syntax")
+    if not isinstance(raw, dict):
+        raise InputFileError(f"DeepSpeed config {path} must hold a JSON object")
+    return raw
+
+
+def plan_from_deepspeed_config(config: str | Path | Mapping[str, Any], num_gpus: int, *, seq_len: int
+                               ) -> ParallelPlan:
+    """A plan from a DeepSpeed config on `num_gpus` GPUs. A config does not record the sequence
+    length, so the caller gives it. Pipeline stages come from "pipeline": {"stages": n}; no
+    activation checkpointing reads as selective(core_attn), the memory of flash attention."""
+    c = _ds_dict(config)
+    stages = c.get("pipeline", {}).get("stages", 1)
+    pp = stages if isinstance(stages, int) else 1
+    if num_gpus % pp:
+        raise InputFileError(f"pipeline stages {pp} do not divide {num_gpus} GPUs; fix num_gpus or the config")
+    dp = num_gpus // pp
+    mbs, gas, gbs = _ds_batch(c, dp)
+    zero = c.get("zero_optimization", {})
+    stage = int(zero.get("stage", 0))
+    if c.get("fp16", {}).get("enabled"):
+        raise InputFileError("autopar plans bf16 or fp8 training; this DeepSpeed config enables fp16")
+    overlap_comm = zero.get("overlap_comm", stage == 3)  # DeepSpeed's default: on for stage 3 only
+    prefetch = zero.get("stage3_prefetch_bucket_size", zero.get("prefetch_bucket_size", 5e7))
+    fields = {"pp": pp, "mbs": mbs, "global_batch": gbs, "seq_len": seq_len, "zero": stage, "framework": "deepspeed",
+              "overlap_grad_reduce": bool(overlap_comm), "recompute": _ds_recompute(c),
+              "overlap_param_gather": bool(prefetch) if stage == 3 else True}
+    try:
+        return ParallelPlan(**fields)
+    except ValidationError as exc:
+        raise InputFileError(one_line(exc, "the DeepSpeed config gives an invalid plan"))
+
+
+def _ds_batch(c: Mapping[str, Any], dp: int) -> tuple[int, int, int]:
+    """(micro batch, accumulation steps, global batch), filled in as DeepSpeed fills them."""
+    gbs, mbs, gas = (c.get(k) for k in ("train_batch_size", "train_micro_batch_size_per_gpu",
+                                         "gradient_accumulation_steps"))
+    if gbs is not None and mbs is not None and gas is None:
+        gas = gbs // (mbs * dp)
+    elif gbs is not None and gas is not None and mbs is None:
+        mbs = gbs // (gas * dp)
+    elif mbs is not None and gbs is None:
+        gas = gas or 1
+        gbs = mbs * gas * dp
+    elif gbs is not None and mbs is None:
+        gas, mbs = 1, gbs // dp
+    if not (gbs and mbs and gas) or gbs != mbs * gas * dp:
+        raise InputFileError(f"DeepSpeed batch keys are inconsistent: train_batch_size {gbs} != micro batch {mbs} "
+                             f"x accumulation {gas} x data parallel {dp}; fix the config or num_gpus")
+    return mbs, gas, gbs
+
+
+def _ds_recompute(c: Mapping[str, Any]) -> Recompute:
+    interval = c.get("pipeline", {}).get("activation_checkpoint_interval", 0)
+    if "activation_checkpointing" not in c and not interval:
+        return Recompute()
+    k = c.get("activation_checkpointing", {}).get("number_checkpoints")
+    return Recompute(mode="full", num_layers=k)

@@ -1,0 +1,58 @@
+"""Random argument combinations to every command: exit 0 or 2 with a one-line error, never a traceback."""
+
+from hypothesis import HealthCheck, given, settings
+from hypothesis import strategies as st
+from typer.testing import CliRunner
+
+from autopar.cli import app
+
+runner = CliRunner()
+
+models = st.sampled_from(["llama3-8b", "gpt3-175b", "mixtral-8x7b", "deepseek-v3", "nope", "", "/no/such.yaml",
+                          "tests/fixtures/hf/bert.json", "examples/custom-decoder.yaml"])
+clusters = st.sampled_from(["dgx-h100", "dgx-a100-80gb", "hgx-h800", "dgx-h10", "", "/no/such.yaml"])
+ints = st.one_of(st.integers(-3, 20), st.sampled_from([32, 64, 128, 1024, 10**9, 2**62]))
+words = st.sampled_from(["none", "selective", "full", "bf16", "fp8", "megatron", "deepspeed", "torchtitan", "x", ""])
+
+
+def _no_traceback(args):
+    result = runner.invoke(app, [str(a) for a in args])
+    assert result.exit_code in (0, 2), (args, result.exit_code, result.output)
+    assert result.exception is None or isinstance(result.exception, SystemExit), (args, repr(result.exception))
+    assert "Traceback" not in result.output
+
+
+FUZZ = settings(max_examples=40, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+
+
+@FUZZ
+@given(models, clusters, ints, ints, ints, ints, ints, ints, words, words)
+def test_estimate_never_tracebacks(model, cluster, gpus, batch, tp, pp, mbs, seq, recompute, precision):
+    _no_traceback(["estimate", model, "--cluster", cluster, "--gpus", gpus, "--global-batch", batch, "--tp", tp,
+                   "--pp", pp, "--mbs", mbs, "--seq-len", seq, "--recompute", recompute, "--precision", precision])
+
+
+@FUZZ
+@given(models, ints, ints, words)
+def test_inspect_never_tracebacks(model, seq, dp, framework):
+    _no_traceback(["inspect", model, "--seq-len", seq, "--dp", dp, "--framework", framework])
+
+
+@settings(max_examples=15, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+@given(st.sampled_from(["llama3-8b", "mixtral-8x7b", "nope"]), clusters, st.sampled_from([1, 4, 8, 16, 12, 0, -1]),
+       st.sampled_from([1, 8, 64, 7, 0]), st.sampled_from(["", "tp=2", "tp=3,pp=2", "mbs=0", "q=1", "tp=x", "pp=64"]),
+       words)
+def test_plan_never_tracebacks(model, cluster, gpus, batch, fix, framework):
+    args = ["plan", model, "--cluster", cluster, "--gpus", gpus, "--global-batch", batch, "--seq-len", 2048,
+            "--framework", framework, "--quiet"]
+    if fix:
+        args += ["--fix", fix]
+    _no_traceback(args)
+
+
+@FUZZ
+@given(st.sampled_from(["tp=8", "tp=2,pp=2", "tp=0", "dp=3", "recompute=maybe", "sp=on", "a=b", ",,", "tp="]),
+       ints, ints)
+def test_compare_never_tracebacks(plan, gpus, batch):
+    _no_traceback(["compare", "--plan", plan, "--model", "llama3-8b", "--cluster", "dgx-h100", "--gpus", gpus,
+                   "--global-batch", batch])
