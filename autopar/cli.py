@@ -212,6 +212,7 @@ def calibrate(
 FrameworkOpt = Annotated[str, typer.Option("--framework", help="Target framework whose limits and memory layout apply: megatron, deepspeed or torchtitan.")]
 PrecisionOpt = Annotated[str, typer.Option("--precision", help="bf16 or fp8 (your choice; not searched).")]
 QuietOpt = Annotated[bool, typer.Option("--quiet", "-q", help="No progress bar.")]
+PlotOpt = Annotated[Optional[str], typer.Option("--plot", help="Pipeline timeline to this .png/.svg/.pdf (memory bars beside it as NAME-memory.png); needs matplotlib (autopar[plot]); '-' draws in the terminal.")]
 
 
 def _progress_sink(quiet: bool):
@@ -246,6 +247,8 @@ def plan(
     precision: PrecisionOpt = "bf16",
     cost_model: CostModelOpt = None,
     out_path: Annotated[Optional[str], typer.Option("--out", "-o", help="Write the best plan as a schema-versioned plan JSON here.")] = None,
+    explain_best: Annotated[bool, typer.Option("--explain", help="Explain the chosen plan: time and memory per stage, and why each neighbouring plan loses.")] = False,
+    plot: PlotOpt = None,
     quiet: QuietOpt = False,
     as_json: JsonOpt = False,
 ) -> None:
@@ -280,6 +283,14 @@ def plan(
     tables.print_plans(out, result)
     if out_path:
         out.print(f"wrote {out_path}")
+    best_plan, best_est = result.plans[0]
+    margin = memory_margin if memory_margin is not None else 0.1
+    if explain_best:
+        from autopar.report.explain import explain as run_explain, render_explanation
+
+        render_explanation(out, _run(lambda: run_explain(model, cluster, gpus, best_plan, cost_model, margin)))
+    if plot:
+        _pictures(plot, best_plan, best_est, margin)
 
 
 @app.command()
@@ -338,6 +349,122 @@ def profile(
     Path(out_path).write_text(result.model_dump_json(indent=2) + "\n")
     out.print(f"wrote {out_path}: {len(result.gemm_table)} GEMM shapes, "
               f"{len(result.measurements.get('collectives', []))} collective measurements")
+
+
+def _pictures(path: str, plan_, est, memory_margin: float) -> None:
+    """The pipeline timeline at PATH and the memory bars at PATH with '-memory' before the suffix
+    (PNG/SVG/PDF with matplotlib; '-' or no matplotlib: terminal renderings)."""
+    from pathlib import Path
+
+    from autopar.report.plots import save_picture
+
+    mem_path = path if path == "-" else str(Path(path).with_name(Path(path).stem + "-memory" + Path(path).suffix))
+    for kind, target in (("timeline", path), ("memory", mem_path)):
+        note = save_picture(kind, target, plan=plan_, estimate=est, memory_margin=memory_margin, console=out)
+        if note or target != "-":
+            out.print(note or f"wrote {target}")
+
+
+@app.command()
+def explain(
+    plan_file: Annotated[Optional[str], typer.Argument(help="A plan JSON written by `autopar plan --out` (or give --plan with the model and cluster).")] = None,
+    plan_string: Annotated[Optional[str], typer.Option("--plan", help="A plan as 'tp=8,pp=4,vpp=5,mbs=1,recompute=selective'.")] = None,
+    model: Annotated[Optional[str], typer.Option("--model", "-m", help="Model, with --plan.")] = None,
+    cluster: Annotated[Optional[str], typer.Option("--cluster", "-c", help="Cluster, with --plan.")] = None,
+    gpus: Annotated[Optional[int], typer.Option("--gpus", "-n", help="GPU count, with --plan.")] = None,
+    global_batch: Annotated[Optional[int], typer.Option("--global-batch", "-b", help="Global batch, with --plan.")] = None,
+    seq_len: SeqOpt = None,
+    framework: FrameworkOpt = "megatron",
+    memory_margin: Annotated[float, typer.Option("--memory-margin", min=0.0, max=0.9, help="Fraction of HBM kept free when judging fit.")] = 0.1,
+    cost_model: CostModelOpt = None,
+    plot: PlotOpt = None,
+    as_json: JsonOpt = False,
+) -> None:
+    """Why a plan wins: time and memory per stage, and the reason each neighbouring plan loses or fails."""
+    from autopar.errors import SchemaError
+    from autopar.report.explain import explain as run_explain, render_explanation
+
+    _check_choice(framework, ("megatron", "deepspeed", "torchtitan"), "--framework")
+
+    def run():
+        nonlocal model, cluster, gpus
+        if plan_file:
+            pf, plan_, _ = api.score_plan_file(plan_file, cost_model)
+            model, cluster, gpus = pf.target.model, pf.target.cluster, pf.target.gpus
+        elif plan_string:
+            missing = [n for n, v in (("--model", model), ("--cluster", cluster), ("--gpus", gpus),
+                                      ("--global-batch", global_batch)) if v is None]
+            if missing:
+                raise SchemaError(f"--plan needs {', '.join(missing)}")
+            seq = seq_len or api.load_model(model).spec.seq_length
+            plan_ = api.plan_from_assignments(plan_string, gpus, global_batch, seq, framework=framework,
+                                              zero=3 if framework == "torchtitan" else 1)
+        else:
+            raise SchemaError("explain needs a plan JSON or --plan 'tp=...,pp=...' with --model --cluster --gpus --global-batch")
+        return run_explain(model, cluster, gpus, plan_, cost_model, memory_margin)
+
+    ex = _run(run)
+    if as_json:
+        _emit_json(ex.to_dict())
+        return
+    render_explanation(out, ex)
+    if plot:
+        _pictures(plot, ex.plan, ex.estimate, memory_margin)
+
+
+@app.command()
+def sweep(
+    model: ModelArg,
+    cluster: ClusterOpt,
+    gpus: Annotated[str, typer.Option("--gpus", "-n", help="GPU counts, comma-separated (e.g. 64,128,256), or one value.")],
+    global_batch: Annotated[str, typer.Option("--global-batch", "-b", help="Global batch sizes, comma-separated, or one value.")],
+    seq_len: Annotated[Optional[str], typer.Option("--seq-len", "-s", help="Sequence lengths, comma-separated, or one value; default: the model's.")] = None,
+    framework: FrameworkOpt = "megatron",
+    precision: PrecisionOpt = "bf16",
+    fix: Annotated[Optional[str], typer.Option("--fix", help="Pin axes at every point, e.g. 'tp=8,recompute=full'.")] = None,
+    max_tp: Annotated[Optional[int], typer.Option("--max-tp", min=1, help="Largest tensor-parallel degree to consider.")] = None,
+    memory_margin: Annotated[Optional[float], typer.Option("--memory-margin", min=0.0, max=0.9, help="Fraction of HBM kept free; default 0.1.")] = None,
+    cost_model: CostModelOpt = None,
+    plot: Annotated[Optional[str], typer.Option("--plot", help="Scaling curves of tokens/s/GPU and MFU: a .png/.svg/.pdf path (needs matplotlib) or '-' for the terminal.")] = None,
+    quiet: QuietOpt = False,
+    as_json: JsonOpt = False,
+) -> None:
+    """The best plan at each point of a GPU-count, batch or sequence sweep: where scaling breaks."""
+    from autopar.errors import NoFeasiblePlanError
+    from autopar.report.sweep import parse_values, render_sweep, sweep as run_sweep
+
+    _check_choice(framework, ("megatron", "deepspeed", "torchtitan"), "--framework")
+    _check_choice(precision, ("bf16", "fp8"), "--precision")
+    bar, update = _progress_sink(quiet or as_json)
+
+    def run():
+        g, b = parse_values(gpus, "--gpus"), parse_values(global_batch, "--global-batch")
+        s = parse_values(seq_len, "--seq-len") if seq_len else None
+        kwargs = dict(gpus_list=g if len(g) > 1 else None, global_batch_list=b if len(b) > 1 else None,
+                      seq_len_list=s if s and len(s) > 1 else None, gpus=g[0], global_batch=b[0],
+                      seq_len=s[0] if s else None, framework=framework, precision=precision, fix=fix,
+                      memory_margin=memory_margin, cost_model=cost_model, max_tp=max_tp)
+        if bar is None:
+            points = run_sweep(model, cluster, **kwargs)
+        else:
+            with bar:
+                points = run_sweep(model, cluster, progress=update, **kwargs)
+        if not any(p.plan is not None for p in points):
+            raise NoFeasiblePlanError("no point of the sweep has a plan that fits: " + "; ".join(
+                f"{p.gpus} GPUs: {p.reason}" for p in points[:3]))
+        return points
+
+    points = _run(run)
+    if as_json:
+        _emit_json({"points": [p.to_dict() for p in points]})
+        return
+    render_sweep(out, points)
+    if plot:
+        from autopar.report.plots import save_picture
+
+        note = save_picture("sweep", plot, points=points, console=out)
+        if note or plot != "-":
+            out.print(note or f"wrote {plot}")
 
 
 def main() -> None:

@@ -64,7 +64,8 @@ def test_neighbours_are_the_expected_moves(tp8pp4):
     assert got == {("tp", 16, 4, 1, 1, "selective"), ("tp", 4, 4, 1, 1, "selective"),
                    ("pp", 8, 8, 1, 1, "selective"),
                    ("pp", 8, 2, 1, 1, "selective"), ("mbs", 8, 4, 2, 1, "selective"),
-                   ("recompute", 8, 4, 1, 1, "none"), ("recompute", 8, 4, 1, 1, "full"), ("zero", 8, 4, 1, 0, "selective")}
+                   ("recompute", 8, 4, 1, 1, "none"), ("recompute", 8, 4, 1, 1, "full"),
+                   ("zero", 8, 4, 1, 0, "selective")}
 
 
 def test_every_verdict_matches_an_independent_estimate(tp8pp4):
@@ -161,3 +162,27 @@ def test_render_names_every_stage_and_alternative(tp8pp4):
 def test_an_invalid_plan_is_refused():
     with pytest.raises(InvalidPlanError, match="exceeds the 8 GPUs of a node"):
         explain(MODEL, CLUSTER, GPUS, _plan(tp=16, pp=4))
+
+
+@pytest.mark.parametrize("model,gpus,gbs,seq", [("llama3-8b", 16, 64, 4096), ("llama3-70b", 64, 128, 8192)])
+def test_no_neighbour_in_the_search_space_beats_the_searched_best(model, gpus, gbs, seq):
+    from autopar.api import search_plans
+
+    plan, est = search_plans(model, CLUSTER, gpus, seq, gbs, top=1, memory_margin=MARGIN).plans[0]
+    ex = explain(model, CLUSTER, gpus, plan, memory_margin=MARGIN)
+    assert ex.estimate.step_time_s == est.step_time_s
+    for a in ex.alternatives:
+        # The search is exact over the enumerated space (default layer split, recompute none /
+        # selective / full); only a neighbour outside it (a refined split or full(K)) may win.
+        in_space = a.plan.layers_per_stage is None and a.plan.recompute.num_layers is None
+        assert not (a.wins and in_space), (a.name, a.reason)
+
+
+def test_doubling_pp_under_interleaving_keeps_the_virtual_stages():
+    from autopar.report.explain import neighbours
+
+    plan = _plan(tp=4, pp=4, vpp=20)  # 80 layers: one per virtual stage
+    moves = {name: alt for name, axis, alt in neighbours(plan, GPUS, num_layers=80) if axis == "pp"}
+    assert set(moves) == {"pp 4→8 (dp 4→2, vpp 20→10)", "pp 4→2 (dp 4→8)"}
+    assert (moves["pp 4→8 (dp 4→2, vpp 20→10)"].vpp, moves["pp 4→2 (dp 4→8)"].vpp) == (10, 20)
+    assert next(alt for name, axis, alt in neighbours(_plan(tp=8, pp=2, vpp=2), GPUS) if alt.pp == 1).vpp == 1

@@ -26,7 +26,8 @@ def _case(**kw):
 
 
 CASES = {"1f1b": dict(tp=8, pp=4), "interleaved": dict(tp=8, pp=4, vpp=2, global_batch=32),
-         "no pipeline": dict(tp=8, pp=1, recompute={"mode": "full"}), "pp8": dict(tp=8, pp=8, global_batch=64, recompute={"mode": "full"})}
+         "no pipeline": dict(tp=8, pp=1, recompute={"mode": "full"}),
+         "pp8": dict(tp=8, pp=8, global_batch=64, recompute={"mode": "full"})}
 
 
 @pytest.mark.parametrize("name", CASES)
@@ -167,3 +168,13 @@ def test_bar_glyphs():
     assert bar_glyphs(0.0, 4) == "    "
     assert bar_glyphs(0.5, 3) == "█▌ "
     assert bar_glyphs(2.0, 2) == "██"
+
+
+def test_plot_functions_name_the_extra_without_matplotlib(tmp_path, monkeypatch):
+    from autopar.report.plots import plot_memory
+
+    monkeypatch.setitem(sys.modules, "matplotlib", None)
+    monkeypatch.setitem(sys.modules, "matplotlib.figure", None)
+    _, est = _case(**CASES["1f1b"])
+    with pytest.raises(ImportError, match=r"autopar\[plot\]"):
+        plot_memory(est, tmp_path / "m.png")

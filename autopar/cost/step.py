@@ -174,13 +174,16 @@ def _stage_time(stage: list[Layer], costs: dict[str, LayerCost], plan: ParallelP
         if layer.kind in ("dense", "moe"):
             mode = _recompute_mode(plan, position)
             position += 1
-        r = c.recompute_s(mode, plan.recompute.modules)
+        # Full recompute re-runs the forward: its compute counts as recompute, its communication
+        # under the axis that issues it (so the breakdown counts every second once).
+        full = mode == "full"
+        r = c.fwd_compute_s if full else c.recompute_s(mode, plan.recompute.modules)
         fwd += c.fwd_s
-        bwd += c.bwd_s + r
+        bwd += c.bwd_s + r + (c.tp_comm_fwd_s + c.cp_comm_fwd_s + c.ep_comm_fwd_s if full else 0.0)
         rec += r
-        parts["tp_comm"] += c.tp_comm_fwd_s + c.tp_comm_bwd_s + (c.tp_comm_fwd_s if mode == "full" else 0.0)
-        parts["cp_comm"] += c.cp_comm_fwd_s + c.cp_comm_bwd_s
-        parts["ep_comm"] += c.ep_comm_fwd_s + c.ep_comm_bwd_s + (c.ep_comm_fwd_s if mode == "full" else 0.0)
+        parts["tp_comm"] += c.tp_comm_fwd_s + c.tp_comm_bwd_s + (c.tp_comm_fwd_s if full else 0.0)
+        parts["cp_comm"] += c.cp_comm_fwd_s + c.cp_comm_bwd_s + (c.cp_comm_fwd_s if full else 0.0)
+        parts["ep_comm"] += c.ep_comm_fwd_s + c.ep_comm_bwd_s + (c.ep_comm_fwd_s if full else 0.0)
     return fwd, bwd, rec, parts
 
 

@@ -185,10 +185,10 @@ def explain(model: str, cluster: str, gpus: int, plan: ParallelPlan, cost_model:
     return Explanation(
         model=model, cluster=cluster, gpus=gpus, plan=plan, estimate=est, memory_margin=memory_margin,
         stage_times=stage_times(est, rank_comm_s(graph, c, plan, p)),
-        stage_memory=tuple(StageMemory(s.rank, {k: s.memory_breakdown_bytes.get(k, 0.0) for k in MEMORY_TERMS},
+        stage_memory=tuple(StageMemory(s.rank, {**dict.fromkeys(MEMORY_TERMS, 0.0), **s.memory_breakdown_bytes},
                                        s.memory_bytes, usable) for s in est.stages),
         alternatives=tuple(judge(graph, c, p, plan, est, name, axis, alt, memory_margin)
-                           for name, axis, alt in neighbours(plan, c.num_gpus)),
+                           for name, axis, alt in neighbours(plan, c.num_gpus, graph.spec.num_layers)),
     )
 
 
@@ -227,16 +227,19 @@ def stage_times(est: Estimate, comm_by_rank: list[dict[str, float]]) -> tuple[St
 # --------------------------------------------------------------------------- neighbours
 
 
-def neighbours(plan: ParallelPlan, num_gpus: int) -> list[tuple[str, str, ParallelPlan]]:
+def neighbours(plan: ParallelPlan, num_gpus: int, num_layers: int | None = None) -> list[tuple[str, str, ParallelPlan]]:
     """(name, axis, plan) of each neighbouring plan, in a fixed order. dp is derived, so a factor
-    moved onto tp or pp comes off dp and back."""
+    moved onto tp or pp comes off dp and back. Doubling pp under interleaving halves vpp when
+    pp·vpp would exceed `num_layers` (the same virtual stages over more ranks)."""
     out = []
     for new_tp in (plan.tp * 2, plan.tp // 2):
         if new_tp >= 1 and new_tp != plan.tp:
-            out.append((f"tp {plan.tp}→{new_tp}{_dp_note(plan, num_gpus, tp=new_tp)}", "tp", _with_tp(plan, new_tp)))
+            alt = _with_tp(plan, new_tp)
+            out.append((_name("tp", plan.tp, new_tp, plan, alt, num_gpus), "tp", alt))
     for new_pp in (plan.pp * 2, plan.pp // 2):
         if new_pp >= 1 and new_pp != plan.pp:
-            out.append((f"pp {plan.pp}→{new_pp}{_dp_note(plan, num_gpus, pp=new_pp)}", "pp", _with_pp(plan, new_pp)))
+            alt = _with_pp(plan, new_pp, num_layers)
+            out.append((_name("pp", plan.pp, new_pp, plan, alt, num_gpus), "pp", alt))
     for new_mbs in (plan.mbs * 2, plan.mbs // 2):
         if new_mbs >= 1 and new_mbs != plan.mbs:
             out.append((f"mbs {plan.mbs}→{new_mbs}", "mbs", plan.model_copy(update={"mbs": new_mbs})))
@@ -248,11 +251,14 @@ def neighbours(plan: ParallelPlan, num_gpus: int) -> list[tuple[str, str, Parall
     return out
 
 
-def _dp_note(plan: ParallelPlan, num_gpus: int, tp: int | None = None, pp: int | None = None) -> str:
-    mp = (tp or plan.tp) * (pp or plan.pp) * plan.cp
-    if num_gpus % mp:
-        return ""
-    return f" (dp {plan.dp_for(num_gpus)}→{num_gpus // mp})"
+def _name(axis: str, old: int, new: int, plan: ParallelPlan, alt: ParallelPlan, num_gpus: int) -> str:
+    """'pp 4→8 (dp 2→1, vpp 20→10)': the move and what it drags along."""
+    also = []
+    if num_gpus % alt.model_parallel_size() == 0:
+        also.append(f"dp {plan.dp_for(num_gpus)}→{alt.dp_for(num_gpus)}")
+    if alt.vpp != plan.vpp:
+        also.append(f"vpp {plan.vpp}→{alt.vpp}")
+    return f"{axis} {old}→{new}" + (f" ({', '.join(also)})" if also else "")
 
 
 def _with_tp(plan: ParallelPlan, tp: int) -> ParallelPlan:
@@ -262,10 +268,13 @@ def _with_tp(plan: ParallelPlan, tp: int) -> ParallelPlan:
     return plan.model_copy(update=update)
 
 
-def _with_pp(plan: ParallelPlan, pp: int) -> ParallelPlan:
+def _with_pp(plan: ParallelPlan, pp: int, num_layers: int | None = None) -> ParallelPlan:
     update: dict[str, Any] = {"pp": pp, "layers_per_stage": None}  # a custom split is for the old pp
+    virtual = plan.pp * plan.vpp
     if pp == 1:
         update["vpp"] = 1
+    elif num_layers is not None and pp * plan.vpp > num_layers and virtual % pp == 0:
+        update["vpp"] = virtual // pp
     return plan.model_copy(update=update)
 
 
@@ -360,7 +369,7 @@ def _moves(chosen: Estimate, alt: Estimate, sign: int) -> str:
 
 
 def _label(plan: ParallelPlan) -> str:
-    return (f"{plan.layout()} mbs{plan.mbs} zero{plan.zero} {plan.recompute.label()}")
+    return f"{plan.layout()} mbs{plan.mbs} zero{plan.zero} {plan.recompute.label()}"
 
 
 _VERDICT_STYLE = {"invalid": "dim", "oom": "red", "faster_unfit": "yellow", "slower": "", "tie": "",
@@ -390,9 +399,16 @@ def stage_time_table(ex: Explanation) -> Table:
     t.add_column("total", justify="right")
     neck = ex.bottleneck_rank
     for s in ex.stage_times:
-        t.add_row(f"{'*' if s.rank == neck else ''}{s.rank}", "+".join(map(str, s.layers)),
+        t.add_row(f"{'*' if s.rank == neck else ''}{s.rank}", _layers_label(s.layers),
                   *(seconds(s.terms_s[k]) for k in shown), seconds(s.total_s), style="bold" if s.rank == neck else "")
     return t
+
+
+def _layers_label(layers: tuple[int, ...]) -> str:
+    """Decoder layers per virtual stage: '20', '5+5', or '16×1' when many chunks are alike."""
+    if len(layers) > 2 and len(set(layers)) == 1:
+        return f"{len(layers)}×{layers[0]}"
+    return "+".join(map(str, layers))
 
 
 def stage_memory_table(ex: Explanation) -> Table:
@@ -403,7 +419,7 @@ def stage_memory_table(ex: Explanation) -> Table:
         t.add_column(col, justify="right")
     for s in ex.stage_memory:
         b = s.breakdown_bytes
-        other = b["fsdp_gathered"] + b["buffers_and_fragmentation"]
+        other = s.total_bytes - b["weights"] - b["gradients"] - b["optimizer"] - b["activations"]
         room = s.headroom_bytes
         t.add_row(str(s.rank), gib(b["weights"]), gib(b["gradients"]), gib(b["optimizer"]), gib(b["activations"]),
                   gib(other), gib(s.total_bytes), f"[red]{gib(room)}[/]" if room < 0 else gib(room))

@@ -29,7 +29,8 @@ from autopar.report.tables import gib, seconds
 from autopar.schema.plan import ParallelPlan
 from autopar.units import GiB
 
-MAX_MICROBATCHES = 64  # drawn in a PNG timeline
+MAX_MICROBATCHES = 64  # simulated for a timeline
+MAX_DRAWN_CHUNK_OPS = 64  # forward chunk-ops per rank drawn in a picture (m · vpp), for legibility
 PICTURE_SUFFIXES = (".png", ".svg", ".pdf")
 KINDS = ("timeline", "memory", "sweep")
 INSTALL_HINT = "pip install 'autopar[plot]'"
@@ -211,8 +212,9 @@ def _part_at(bar: Bar, t: float) -> str | None:
 
 
 def plot_timeline(plan: ParallelPlan, estimate: Estimate, path: str | Path) -> Path:
-    """The pipeline timeline as a picture (PNG/SVG/PDF by the path's suffix). Needs matplotlib."""
-    tl = pipeline_timeline(plan, estimate)
+    """The pipeline timeline as a picture (PNG/SVG/PDF by the path's suffix). Needs matplotlib.
+    At most about MAX_DRAWN_CHUNK_OPS forward chunk-ops per rank are drawn, so bars stay legible."""
+    tl = pipeline_timeline(plan, estimate, max_microbatches=max(plan.pp, MAX_DRAWN_CHUNK_OPS // plan.vpp))
     fig = _figure(width=14, height=1.7 + 0.5 * tl.pp)
     ax = fig.add_subplot()
     px_per_s = _px_per_s(fig, tl)
@@ -227,7 +229,7 @@ def plot_timeline(plan: ParallelPlan, estimate: Estimate, path: str | Path) -> P
                 overlays.setdefault((part, b.rank), []).append((a, e - a))
     for (kind, chunk, rank), spans in sorted(ops.items()):
         color = _chunk_color("forward" if kind == FORWARD else "backward", chunk, tl.vpp)
-        ax.broken_barh(spans, (rank - 0.4, 0.8), facecolors=color, edgecolors="white", linewidth=0.4, zorder=2)
+        ax.broken_barh(spans, (rank - 0.4, 0.8), facecolors=color, edgecolors="white", linewidth=0.2, zorder=2)
     for (part, rank), spans in sorted(overlays.items()):
         ax.broken_barh(spans, (rank - 0.4, 0.8), facecolors=COLORS[part], linewidth=0, zorder=3)
     if tl.p2p_s * px_per_s >= 3:  # a send narrower than that would draw as a speck
@@ -238,7 +240,8 @@ def plot_timeline(plan: ParallelPlan, estimate: Estimate, path: str | Path) -> P
     ax.set_ylim(tl.pp - 0.5, -0.5)
     ax.set_yticks(range(tl.pp), [f"rank {r}" for r in range(tl.pp)])
     ax.set_xlim(0, tl.step_s)
-    ax.set_xlabel(f"time (s) in a {tl.num_microbatches}-microbatch schedule" if tl.truncated else "time in the step (s)")
+    ax.set_xlabel(f"time (s) in a {tl.num_microbatches}-microbatch schedule" if tl.truncated
+                  else "time in the step (s)")
     sub = [tl.note] if tl.note else []
     if tl.pp > 1:
         sub.append(f"p2p send between stages {seconds(tl.p2p_s)}"
@@ -285,10 +288,10 @@ def _label_microbatches(ax, tl: Timeline, px_per_s: float) -> None:
 
 
 def memory_parts(breakdown: dict[str, float]) -> dict[str, float]:
-    """The five drawn parts of a stage's memory breakdown (other = FSDP gathers + buffers)."""
-    return {"weights": breakdown.get("weights", 0.0), "gradients": breakdown.get("gradients", 0.0),
-            "optimizer": breakdown.get("optimizer", 0.0), "activations": breakdown.get("activations", 0.0),
-            "other": breakdown.get("fsdp_gathered", 0.0) + breakdown.get("buffers_and_fragmentation", 0.0)}
+    """The five drawn parts of a stage's memory breakdown; other = the rest (FSDP gathers, buffers
+    and fragmentation)."""
+    main = {k: breakdown.get(k, 0.0) for k in MEMORY_PARTS[:-1]}
+    return {**main, "other": sum(v for k, v in breakdown.items() if k not in main)}
 
 
 def memory_text(estimate: Estimate, memory_margin: float = 0.0, width: int = 60) -> Text:
@@ -399,13 +402,17 @@ def plot_sweep(points: Sequence[SweepPoint], path: str | Path) -> Path:
     fixed = ", ".join(f"{k.replace('_', ' ')} {first.value(k)}" for k in ("gpus", "global_batch", "seq_len")
                       if k != axis and len({p.value(k) for p in points}) == 1)
     ref = next((p for p in points if p.fits), None)
-    eff_note = (f"\neff. = tokens/s/GPU ÷ that at {_axis_label(axis)} {ref.value(axis)}" if ref else "")
+    eff_note = f"\neff. = tokens/s/GPU ÷ that at {_point_label(axis, ref.value(axis))}" if ref else ""
     ax.set_title(f"{first.model} on {first.cluster}: best plan per point ({fixed}){eff_note}", fontsize=11)
     h1, l1 = ax.get_legend_handles_labels()
     h2, l2 = ax2.get_legend_handles_labels()
     fig.legend(h1 + h2, l1 + l2, loc="lower center", ncol=3, fontsize=9, frameon=False)
     fig.tight_layout(rect=(0, 0.07, 1, 1))
     return _save(fig, path)
+
+
+def _point_label(axis: str, value: int) -> str:
+    return f"{value} GPUs" if axis == "gpus" else f"{_axis_label(axis)} {value}"
 
 
 def _axis_label(axis: str) -> str:
@@ -471,7 +478,11 @@ def matplotlib_available() -> bool:
 
 def _figure(width: float, height: float):
     """A matplotlib Figure on the Agg canvas (no pyplot, no global state)."""
-    from matplotlib.figure import Figure
+    try:
+        from matplotlib.figure import Figure
+    except ImportError:
+        raise ImportError(f"pictures need matplotlib: {INSTALL_HINT}, or pass the path '-' to draw in the "
+                          "terminal") from None
 
     return Figure(figsize=(width, height), dpi=110)
 
