@@ -162,16 +162,18 @@ def print_plans(console: Console, result) -> None:
 
 
 def print_compare(console: Console, entries) -> None:
+    """Plans side by side: one column per plan, one row per figure; rows whose values differ are
+    yellow, the winner (fastest plan that fits) is starred."""
     best = min(range(len(entries)), key=lambda i: (not entries[i][2].fits, entries[i][2].step_time_s))
+    t = Table(title="Plans compared (★ = winner: the fastest that fits; rows that differ in yellow)")
+    t.add_column("", style="bold")
+    for i, (label, _, _) in enumerate(entries):
+        name = label.rsplit("/", 1)[-1] if label.endswith(".json") else label
+        t.add_column(("★ " if i == best else "") + name, justify="right", overflow="fold",
+                     style="bold green" if i == best else "")
     rows = [_plan_row(p, e) + ["yes" if e.fits else "NO"] for _, p, e in entries]
-    cols = _PLAN_COLUMNS + ("fits",)
-    t = Table(title="Plans compared (winner marked ★; cells that differ between plans in yellow)")
-    t.add_column("plan", no_wrap=True, max_width=30)
-    for col in cols:
-        t.add_column(col, justify="left" if col in ("layout", "recompute") else "right", no_wrap=col == "layout")
-    differs = [len({r[j] for r in rows}) > 1 for j in range(len(cols))]
-    for i, ((label, _, _), row) in enumerate(zip(entries, rows)):
-        cells = [f"[yellow]{c}[/]" if differs[j] and j < 5 else c for j, c in enumerate(row)]
-        name = ("★ " if i == best else "  ") + (label.rsplit("/", 1)[-1] if label.endswith(".json") else label)
-        t.add_row(name, *cells, style="bold" if i == best else "")
+    for j, col in enumerate(_PLAN_COLUMNS + ("fits",)):
+        values = [r[j] for r in rows]
+        differs = len(set(values)) > 1
+        t.add_row(f"[yellow]{col}[/]" if differs else col, *values)
     console.print(t)
