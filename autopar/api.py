@@ -240,14 +240,16 @@ def _graph_from_spec(spec):
 
 def compare_plans(plan_files: list[str], plan_strings: list[str], *, model: str | None = None,
                   cluster: str | None = None, gpus: int | None = None, global_batch: int | None = None,
-                  seq_len: int | None = None, framework: str = "megatron",
-                  cost_model: str | None = None) -> tuple[list[tuple[str, ParallelPlan, Estimate]], int]:
+                  seq_len: int | None = None, framework: str = "megatron", cost_model: str | None = None,
+                  from_megatron: list[str] = (), from_deepspeed: list[str] = ()
+                  ) -> tuple[list[tuple[str, ParallelPlan, Estimate]], int]:
     """Score plan files and --plan strings for one model and cluster, in input order."""
     from autopar.errors import SchemaError
     from autopar.schema.plan_file import read_plan_file
 
-    if not plan_files and not plan_strings:
-        raise SchemaError("nothing to compare; pass plan JSON files and/or --plan 'tp=8,pp=8,...' strings")
+    if not plan_files and not plan_strings and not from_megatron and not from_deepspeed:
+        raise SchemaError("nothing to compare; pass plan JSON files, --plan 'tp=8,pp=8,...' strings, "
+                          "--from-megatron or --from-deepspeed")
     entries = []
     for path in plan_files:
         pf, plan, est = score_plan_file(path, cost_model)
@@ -258,6 +260,15 @@ def compare_plans(plan_files: list[str], plan_strings: list[str], *, model: str 
             raise SchemaError(f"{path} is for {t.model} on {t.gpus} x {t.cluster}, not {model} on {gpus} x {cluster}; "
                               "compare plans of one model and cluster")
         entries.append((path, plan, est))
+    imports = [(m, None) for m in from_megatron] + [(None, d) for d in from_deepspeed]
+    if imports:
+        missing = [n for n, v in (("--model", model), ("--cluster", cluster), ("--gpus", gpus)) if v is None]
+        if missing:
+            raise SchemaError(f"--from-megatron/--from-deepspeed need {', '.join(missing)} (or a plan file)")
+        for meg, ds in imports:
+            plan = imported_plan(meg, ds, gpus, seq_len, model)
+            label = "megatron: " + (meg if len(meg) < 40 else meg[:37] + "...") if meg else f"deepspeed: {ds}"
+            entries.append((label, plan, estimate_plan(model, cluster, gpus, plan, cost_model)))
     if plan_strings:
         missing = [name for name, v in (("--model", model), ("--cluster", cluster), ("--gpus", gpus),
                                         ("--global-batch", global_batch)) if v is None]
@@ -269,3 +280,59 @@ def compare_plans(plan_files: list[str], plan_strings: list[str], *, model: str 
                                          zero=3 if framework == "torchtitan" else 1)
             entries.append((text, plan, estimate_plan(model, cluster, gpus, plan, cost_model)))
     return entries, gpus
+
+
+# --------------------------------------------------------------------------- export and import
+
+
+def export_plan_file(path: str, fmt: str) -> dict[str, str]:
+    """Launch files for a plan JSON: {file name: content}."""
+    from autopar.export import export
+    from autopar.schema.plan_file import read_plan_file
+
+    return export(read_plan_file(path), fmt)
+
+
+def export_plan(model: str, cluster: str, gpus: int, plan: ParallelPlan, est: Estimate, fmt: str,
+                cost_model: str | None = None) -> dict[str, str]:
+    from autopar.export import export
+
+    return export(plan_file_for(model, cluster, gpus, plan, est, cost_model), fmt)
+
+
+def write_files(files: dict[str, str], out: str | None) -> list[str]:
+    """Write export files: into directory `out`, or to file `out` when there is exactly one file
+    and `out` has a suffix; nothing when out is None (the caller prints them)."""
+    from pathlib import Path
+
+    if out is None:
+        return []
+    target = Path(out).expanduser()
+    if len(files) == 1 and target.suffix:
+        target.parent.mkdir(parents=True, exist_ok=True)
+        ((name, text),) = files.items()
+        target.write_text(text, encoding="utf-8")
+        if name.endswith(".sh"):
+            target.chmod(0o755)
+        return [str(target)]
+    target.mkdir(parents=True, exist_ok=True)
+    written = []
+    for name, text in files.items():
+        f = target / name
+        f.write_text(text, encoding="utf-8")
+        if name.endswith(".sh"):
+            f.chmod(0o755)
+        written.append(str(f))
+    return written
+
+
+def imported_plan(from_megatron: str | None, from_deepspeed: str | None, gpus: int, seq_len: int | None,
+                  model: str, framework_default: str = "megatron") -> ParallelPlan:
+    """The plan of an existing Megatron command/script or DeepSpeed config."""
+    from autopar.export.importers import plan_from_deepspeed_config, plan_from_megatron_args
+
+    if from_megatron:
+        plan, _ = plan_from_megatron_args(from_megatron, num_gpus=gpus)
+        return plan
+    seq = seq_len or load_model(model).spec.seq_length
+    return plan_from_deepspeed_config(from_deepspeed, gpus, seq_len=seq)

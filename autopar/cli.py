@@ -106,8 +106,10 @@ def estimate(
     model: ModelArg,
     cluster: ClusterOpt,
     gpus: GpusOpt,
-    global_batch: Annotated[int, typer.Option("--global-batch", "-b", help="Global batch size in sequences.")],
+    global_batch: Annotated[Optional[int], typer.Option("--global-batch", "-b", help="Global batch size in sequences (required unless imported).")] = None,
     seq_len: SeqOpt = None,
+    from_megatron: Annotated[Optional[str], typer.Option("--from-megatron", help="Score an existing Megatron-LM config: its pretrain_gpt.py arguments, or a launch script path.")] = None,
+    from_deepspeed: Annotated[Optional[str], typer.Option("--from-deepspeed", help="Score an existing DeepSpeed ds_config.json (data parallel + ZeRO).")] = None,
     tp: Annotated[int, typer.Option("--tp", help="Tensor-parallel degree.")] = 1,
     pp: Annotated[int, typer.Option("--pp", help="Pipeline-parallel degree.")] = 1,
     cp: Annotated[int, typer.Option("--cp", help="Context-parallel degree.")] = 1,
@@ -133,6 +135,11 @@ def estimate(
     _check_choice(framework, ("megatron", "deepspeed", "torchtitan"), "--framework")
 
     def run():
+        if from_megatron or from_deepspeed:
+            plan = api.imported_plan(from_megatron, from_deepspeed, gpus, seq_len, model)
+            return plan, api.estimate_plan(model, cluster, gpus, plan, cost_model, memory_margin)
+        if global_batch is None:
+            raise AutoparError("--global-batch is required (or import a config with --from-megatron/--from-deepspeed)")
         seq = seq_len or api.load_model(model).spec.seq_length
         plan = api.make_plan(
             tp=tp, pp=pp, cp=cp, ep=ep, etp=etp, vpp=vpp, mbs=mbs, global_batch=global_batch, seq_len=seq,
@@ -247,6 +254,7 @@ def plan(
     precision: PrecisionOpt = "bf16",
     cost_model: CostModelOpt = None,
     out_path: Annotated[Optional[str], typer.Option("--out", "-o", help="Write the best plan as a schema-versioned plan JSON here.")] = None,
+    export_fmt: Annotated[Optional[str], typer.Option("--export", help="Also export the best plan: megatron, deepspeed or torchtitan; files go to the --out directory (with plan.json).")] = None,
     explain_best: Annotated[bool, typer.Option("--explain", help="Explain the chosen plan: time and memory per stage, and why each neighbouring plan loses.")] = False,
     plot: PlotOpt = None,
     quiet: QuietOpt = False,
@@ -267,14 +275,22 @@ def plan(
                                     fix=fix, max_tp=max_tp, memory_margin=memory_margin, precision=precision,
                                     cost_model=cost_model, progress=update)
 
+    if export_fmt:
+        _check_choice(export_fmt, ("megatron", "deepspeed", "torchtitan"), "--export")
     result = _run(run)
+    exported: dict[str, str] = {}
+    if export_fmt:
+        best_plan, best_est = result.plans[0]
+        exported = _run(lambda: api.export_plan(model, cluster, gpus, best_plan, best_est, export_fmt, cost_model))
     if out_path:
         from pathlib import Path
 
         from autopar.schema.plan_file import write_plan_file
 
         best_plan, best_est = result.plans[0]
-        write_plan_file(Path(out_path), api.plan_file_for(model, cluster, gpus, best_plan, best_est, cost_model))
+        plan_json = Path(out_path) / "plan.json" if export_fmt else Path(out_path)
+        plan_json.parent.mkdir(parents=True, exist_ok=True)
+        write_plan_file(plan_json, api.plan_file_for(model, cluster, gpus, best_plan, best_est, cost_model))
     if as_json:
         _emit_json({"plans": [api.plan_entry(p, e, gpus) for p, e in result.plans],
                     "search": {"candidates": result.candidates, "pruned": result.pruned, "scored": result.scored,
@@ -282,7 +298,9 @@ def plan(
         return
     tables.print_plans(out, result)
     if out_path:
-        out.print(f"wrote {out_path}")
+        out.print(f"wrote {out_path}" + ("/plan.json" if export_fmt else ""))
+    if exported:
+        _emit_files(exported, out_path)
     best_plan, best_est = result.plans[0]
     margin = memory_margin if memory_margin is not None else 0.1
     if explain_best:
@@ -303,6 +321,8 @@ def compare(
     global_batch: Annotated[Optional[int], typer.Option("--global-batch", "-b", help="Global batch for --plan strings.")] = None,
     seq_len: SeqOpt = None,
     framework: FrameworkOpt = "megatron",
+    from_megatron: Annotated[Optional[list[str]], typer.Option("--from-megatron", help="An existing Megatron-LM config (arguments or script path); repeatable.")] = None,
+    from_deepspeed: Annotated[Optional[list[str]], typer.Option("--from-deepspeed", help="An existing DeepSpeed ds_config.json; repeatable.")] = None,
     cost_model: CostModelOpt = None,
     as_json: JsonOpt = False,
 ) -> None:
@@ -312,7 +332,8 @@ def compare(
     def run():
         return api.compare_plans(plan_files or [], plan_strings or [], model=model, cluster=cluster, gpus=gpus,
                                  global_batch=global_batch, seq_len=seq_len, framework=framework,
-                                 cost_model=cost_model)
+                                 cost_model=cost_model, from_megatron=from_megatron or [],
+                                 from_deepspeed=from_deepspeed or [])
 
     entries, n = _run(run)
     if as_json:
@@ -465,6 +486,31 @@ def sweep(
         note = save_picture("sweep", plot, points=points, console=out)
         if note or plot != "-":
             out.print(note or f"wrote {plot}")
+
+
+FormatOpt = Annotated[str, typer.Option("--format", "-f", help="megatron (launch script), deepspeed (ds_config.json + launcher) or torchtitan (launch command).")]
+
+
+@app.command()
+def export(
+    plan_file: Annotated[str, typer.Argument(help="A plan JSON written by `autopar plan --out`.")],
+    fmt: FormatOpt = "megatron",
+    out_path: Annotated[Optional[str], typer.Option("--out", "-o", help="A directory for the files (or a file name when the format makes one file); default: print them.")] = None,
+) -> None:
+    """Turn a plan into a launch config that Megatron-LM, DeepSpeed or torchtitan accepts."""
+    _check_choice(fmt, ("megatron", "deepspeed", "torchtitan"), "--format")
+    files = _run(lambda: api.export_plan_file(plan_file, fmt))
+    _emit_files(files, out_path)
+
+
+def _emit_files(files: dict[str, str], out_path: str | None) -> None:
+    written = _run(lambda: api.write_files(files, out_path))
+    if written:
+        for f in written:
+            out.print(f"wrote {f}")
+        return
+    for name, text in files.items():
+        sys.stdout.write(f"# ===== {name} =====\n{text}" + ("" if text.endswith("\n") else "\n"))
 
 
 def main() -> None:

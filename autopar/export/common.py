@@ -79,14 +79,17 @@ def header(pf: PlanFile, framework: str, what: str) -> str:
     ])
 
 
-def cluster_block(pf: PlanFile, default_port: int) -> str:
+def cluster_block(pf: PlanFile, default_port: int, per_node: bool = True) -> str:
     """NNODES, NODE_RANK, MASTER_ADDR, MASTER_PORT, GPUS_PER_NODE from the environment, with the
-    plan's node shape as defaults, and a check that they multiply to the planned GPU count."""
-    per_node, nodes = node_shape(pf)
+    plan's node shape as defaults, and a check that they multiply to the planned GPU count.
+    per_node: the script runs once per node (torchrun), else once (a launcher that reaches every node)."""
+    gpus_per_node, nodes = node_shape(pf)
     gpus = pf.target.gpus
+    how = ("run this script once per node (same MASTER_ADDR, NODE_RANK 0..NNODES-1)" if per_node
+           else "run this script once, on the first node; the launcher reaches the others")
     return "\n".join([
-        "# ---- Cluster: run this script once per node (same MASTER_ADDR, NODE_RANK 0..NNODES-1) ----",
-        f'GPUS_PER_NODE="${{GPUS_PER_NODE:-{per_node}}}"',
+        f"# ---- Cluster: {how} ----",
+        f'GPUS_PER_NODE="${{GPUS_PER_NODE:-{gpus_per_node}}}"',
         f'NNODES="${{NNODES:-{nodes}}}"',
         'NODE_RANK="${NODE_RANK:-0}"',
         'MASTER_ADDR="${MASTER_ADDR:-localhost}"',

@@ -102,7 +102,8 @@ def export_deepspeed(pf: PlanFile) -> dict[str, Any]:
 def deepspeed_launch_command(pf: PlanFile, config_path: str = "ds_config.json") -> str:
     """One `deepspeed` launcher line; the hostfile, port and training script come from the environment."""
     per_node, nodes = node_shape(pf)
-    return (f'deepspeed --hostfile "${{HOSTFILE:-hostfile}}" --num_nodes {nodes} --num_gpus {per_node} '
+    return (f'deepspeed --hostfile "${{HOSTFILE:-hostfile}}" --num_nodes "${{NNODES:-{nodes}}}" '
+            f'--num_gpus "${{GPUS_PER_NODE:-{per_node}}}" '
             f'--master_addr "${{MASTER_ADDR:-localhost}}" --master_port "${{MASTER_PORT:-29500}}" '
             f'"${{TRAIN_SCRIPT:-train.py}}" --deepspeed --deepspeed_config {shlex.quote(config_path)}')
 
@@ -112,9 +113,9 @@ def launch_script(pf: PlanFile, config: dict[str, Any], config_path: str = "ds_c
     model_code = [f"# The training script builds the model and calls deepspeed.initialize(config={config_path!r}).",
                   f"# Sequence length {plan.seq_len} tokens (DeepSpeed's config does not carry it): SEQ_LEN below."]
     if plan.pp > 1:
-        model_code.append(f"# pp {plan.pp}: wrap the {spec.num_layers} decoder layers in PipelineModule(num_stages={plan.pp}, "
-                          "partition_method='type:<DecoderLayer>') so every stage gets "
-                          f"{spec.num_layers // plan.pp} layers.")
+        model_code.append(f"# pp {plan.pp}: wrap the {spec.num_layers} decoder layers in "
+                          f"PipelineModule(num_stages={plan.pp}, partition_method='type:<DecoderLayer>') so every "
+                          f"stage gets {spec.num_layers // plan.pp} layers.")
     if plan.recompute.mode == "full" and plan.recompute.num_layers is not None:
         model_code.append(f"# Recompute: wrap the first {plan.recompute.num_layers} decoder layers of the model in "
                           "deepspeed.checkpointing.checkpoint.")
@@ -123,9 +124,8 @@ def launch_script(pf: PlanFile, config: dict[str, Any], config_path: str = "ds_c
             'HOSTFILE="${HOSTFILE:-hostfile}"                 # <-- SET: one line per node, "host slots=N"\n'
             'TRAIN_SCRIPT="${TRAIN_SCRIPT:-train.py}"         # <-- SET: your DeepSpeed training script\n'
             f'export SEQ_LEN="${{SEQ_LEN:-{plan.seq_len}}}"',
-            cluster_block(pf, 29500),
-            "# The deepspeed launcher starts every node over ssh from the hostfile: run this on the first node.",
+            cluster_block(pf, 29500, per_node=False),
             deepspeed_launch_command(pf, config_path),
-            f"# ds_config.json as written beside this script:\n# "
+            "# ds_config.json as written beside this script:\n# "
             + json.dumps(config, sort_keys=True).replace("\n", " ")]
     return "\n\n".join(body) + "\n"

@@ -1,10 +1,12 @@
 """Plans from existing launch configurations: Megatron-LM arguments (an argv list, a command line
 or a whole launch script) and DeepSpeed config JSON.
 
-Imports are canonical, so that plan -> export -> import gives the same ParallelPlan: a field
-equal to its default meaning is returned as the default (etp equal to tp -> None; sequence
-parallelism equal to "on when tp > 1" -> None; a stage split equal to autopar's default -> None).
-What autopar cannot represent is refused with InputFileError naming the flag.
+Imports are canonical, so that plan -> export -> import gives the same ParallelPlan: where the
+launch configuration cannot tell an explicit value from the default it stands for, the default is
+returned (sequence parallelism on with tp > 1 -> sp None; a stage split equal to autopar's default
+-> layers_per_stage None). Settings no framework records (moe_load_imbalance, a cost-model input)
+come back as their defaults. What autopar cannot represent is refused with InputFileError naming
+the flag.
 """
 
 from __future__ import annotations
@@ -26,8 +28,8 @@ from autopar.schema.plan import ParallelPlan, Recompute
 # ---- Megatron: text -> argv ---------------------------------------------------------------------
 
 _VAR = re.compile(r"\$\{(\w+)(?::?-([^}]*))?\}|\$(\w+)")
-_ASSIGN = re.compile(r"^(?:export\s+)?(\w+)=(.*)$")
-_ARRAY_REF = re.compile(r'^"?\$\{(\w+)\[@\]\}"?$')
+_ASSIGN = re.compile(r"^(?:export\s+)?(\w+)=(.*)$", re.DOTALL)
+_ARRAY_REF = re.compile(r'"?\$\{(\w+)\[@\]\}"?')
 
 
 def _expand(text: str, env: Mapping[str, str]) -> str:
@@ -40,14 +42,45 @@ def _expand(text: str, env: Mapping[str, str]) -> str:
     return _VAR.sub(sub, text)
 
 
+def _shell_scan(text: str) -> tuple[list[int], str]:
+    """Indices of the characters outside quotes and comments, and the quote left open ('' = none)."""
+    plain, quote, k = [], "", 0
+    while k < len(text):
+        ch = text[k]
+        if quote:
+            if ch == "\\" and quote == '"':
+                k += 1
+            elif ch == quote:
+                quote = ""
+        elif ch == "\\":
+            k += 1
+        elif ch in "'\"":
+            quote = ch
+        elif ch == "#" and (k == 0 or text[k - 1].isspace()):
+            nl = text.find("\n", k)
+            k = len(text) if nl < 0 else nl
+            continue
+        else:
+            plain.append(k)
+        k += 1
+    return plain, quote
+
+
 def _logical_lines(text: str) -> list[str]:
-    joined = re.sub(r"\\\r?\n", " ", text)
-    return [line.strip() for line in joined.splitlines()]
+    """Lines with backslash continuations joined and quoted strings spanning lines kept whole."""
+    out, pending = [], ""
+    for raw in re.sub(r"\\\r?\n", " ", text).splitlines():
+        pending = f"{pending}\n{raw}" if pending else raw
+        if not _shell_scan(pending)[1]:
+            out.append(pending.strip())
+            pending = ""
+    return out + ([pending.strip()] if pending else [])
 
 
 def _script_argv(text: str) -> tuple[list[str], dict[str, str]]:
-    """The arguments after pretrain_gpt.py (arrays expanded), and the script's variable defaults.
-    Text without such a line is read as one argument list."""
+    """The arguments after pretrain_gpt.py (variables and arrays expanded, unquoted values
+    word-split as bash does), and the script's variable defaults. Text without such a line is
+    read as one argument list."""
     env: dict[str, str] = {}
     arrays: dict[str, list[str]] = {}
     lines = _logical_lines(text)
@@ -67,42 +100,22 @@ def _script_argv(text: str) -> tuple[list[str], dict[str, str]]:
             value = _split(_expand(m.group(2), env))
             env[m.group(1)] = value[0] if value else ""
         elif re.search(r"pretrain_\w+\.py", line) and not line.startswith("#"):
-            words = _split(line)
-            at = next(k for k, w in enumerate(words) if re.search(r"pretrain_\w+\.py", w))
-            command = words[at + 1:]
+            line = _ARRAY_REF.sub(lambda r: shlex.join(arrays.get(r.group(1), [])), line)
+            words = _split(_expand(line, env))
+            at = next((k for k, w in enumerate(words) if re.search(r"pretrain_\w+\.py", w)), None)
+            command = words[at + 1:] if at is not None else command
     if command is None:
         return _split(_expand("\n".join(lines), env)), env
-    argv: list[str] = []
-    for word in command:
-        ref = _ARRAY_REF.match(word)
-        argv += arrays.get(ref.group(1), []) if ref else [_expand(word, env)]
-    return argv, env
+    return command, env
 
 
 def _array_end(body: str) -> int | None:
-    """Index of the unquoted ')' that closes a bash array body, skipping quotes and comments."""
-    quote, depth, k = "", 1, 0
-    while k < len(body):
-        ch = body[k]
-        if quote:
-            if ch == "\\" and quote == '"':
-                k += 1
-            elif ch == quote:
-                quote = ""
-        elif ch == "\\":
-            k += 1
-        elif ch in "'\"":
-            quote = ch
-        elif ch == "#" and (k == 0 or body[k - 1].isspace()):
-            nl = body.find("\n", k)
-            k = len(body) if nl < 0 else nl
-        elif ch == "(":
-            depth += 1
-        elif ch == ")":
-            depth -= 1
-            if depth == 0:
-                return k
-        k += 1
+    """Index of the unquoted ')' that closes a bash array body (None = not closed yet)."""
+    depth = 1
+    for k in _shell_scan(body)[0]:
+        depth += {"(": 1, ")": -1}.get(body[k], 0)
+        if depth == 0:
+            return k
     return None
 
 
@@ -113,10 +126,19 @@ def _split(text: str) -> list[str]:
         raise InputFileError(f"cannot split the Megatron arguments ({exc}); check the quoting")
 
 
+def _is_file(text: str) -> bool:
+    if "\n" in text or text.lstrip().startswith("-"):
+        return False
+    try:
+        return Path(text).is_file()
+    except OSError:  # e.g. a whole argument string is too long for a file name
+        return False
+
+
 def _argv(source: str | Path | list[str] | tuple[str, ...]) -> tuple[list[str], dict[str, str]]:
     if isinstance(source, (list, tuple)):
         return list(source), {}
-    if isinstance(source, Path) or (isinstance(source, str) and "\n" not in source and Path(source).is_file()):
+    if isinstance(source, Path) or _is_file(source):
         path = Path(source)
         if not path.is_file():
             raise InputFileError(f"launch script {path} does not exist; pass the script's path or its arguments")
@@ -133,7 +155,9 @@ def plan_from_megatron_args(args: str | Path | list[str], num_gpus: int | None =
                             ) -> tuple[ParallelPlan, dict[str, Any]]:
     """(plan, model fields) from Megatron-LM `pretrain_gpt.py` arguments: an argv list, a command
     line, script text or a script path. `num_gpus` defaults to the script's GPUS_PER_NODE · NNODES
-    (needed only for --num-distributed-optimizer-instances)."""
+    (needed only without --global-batch-size or with --num-distributed-optimizer-instances).
+    Model fields are ModelSpec keyword arguments (no name or source; mla and moe as dicts;
+    vocab_size only when --vocab-size is given)."""
     argv, env = _argv(args)
     a = parse_megatron_argv(argv)
     if num_gpus is None and env.get("GPUS_PER_NODE", "").isdigit() and env.get("NNODES", "").isdigit():
@@ -178,10 +202,11 @@ def _refuse_unmodelled(a: Mapping[str, Any]) -> None:
 def _megatron_comm_types(a: Mapping[str, Any]) -> dict[str, Any]:
     out: dict[str, Any] = {}
     types = set(a["cp_comm_type"] or ["p2p"])
-    if len(types) != 1 or not types <= {"p2p", "a2a", "allgather"}:
-        raise InputFileError(f"--cp-comm-type {sorted(types)} has no autopar form; use one of p2p, a2a, allgather "
+    if len(types) != 1 or not types <= {"p2p", "a2a", "all_gather"}:
+        raise InputFileError(f"--cp-comm-type {sorted(types)} has no autopar form; use one of p2p, a2a, all_gather "
                              "for every layer")
-    out["cp_comm_type"] = types.pop()
+    (kind,) = types
+    out["cp_comm_type"] = "allgather" if kind == "all_gather" else kind
     if a["num_experts"]:
         if a["moe_token_dispatcher_type"] not in ("alltoall", "allgather"):
             raise InputFileError(f"--moe-token-dispatcher-type {a['moe_token_dispatcher_type']} is not modelled; "

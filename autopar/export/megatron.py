@@ -23,6 +23,8 @@ from autopar.schema.model import ModelSpec, MoESpec
 from autopar.schema.plan import ParallelPlan
 from autopar.schema.plan_file import PlanFile
 
+# autopar cp_comm_type -> the value Transformer Engine's attention takes (Megatron passes it through)
+CP_COMM_TYPES = {"p2p": "p2p", "a2a": "a2a", "allgather": "all_gather"}
 FP8_ARGS = ("--fp8-format", "hybrid", "--fp8-amax-history-len", "1024", "--fp8-amax-compute-algo", "max")
 
 
@@ -128,7 +130,7 @@ def _parallel_args(pf: PlanFile, plan: ParallelPlan) -> list[str]:
     args = ["--tensor-model-parallel-size", str(plan.tp), "--pipeline-model-parallel-size", str(plan.pp),
             "--context-parallel-size", str(plan.cp)]
     if plan.cp > 1 or plan.cp_comm_type != "p2p":
-        args += ["--cp-comm-type", plan.cp_comm_type]
+        args += ["--cp-comm-type", CP_COMM_TYPES[plan.cp_comm_type]]
     if spec.moe is not None:
         args += ["--expert-model-parallel-size", str(plan.ep)]
         args += ["--expert-tensor-parallel-size", str(plan.etp)] if plan.etp is not None else []
@@ -178,9 +180,9 @@ def megatron_arg_groups(pf: PlanFile) -> list[tuple[str, list[str]]]:
     """The arguments by concern (model, moe, mla, parallel, recompute, step); checked, or ExportError."""
     plan = require_exportable(pf, "megatron")
     spec = pf.target.model_spec
-    groups = [("MODEL_ARGS", _model_args(spec, plan)), ("MOE_ARGS", _moe_args(spec, plan)), ("MLA_ARGS", _mla_args(spec)),
-              ("PARALLEL_ARGS", _parallel_args(pf, plan)), ("RECOMPUTE_ARGS", _recompute_args(plan)),
-              ("STEP_ARGS", _step_args(plan))]
+    groups = [("MODEL_ARGS", _model_args(spec, plan)), ("MOE_ARGS", _moe_args(spec, plan)),
+              ("MLA_ARGS", _mla_args(spec)), ("PARALLEL_ARGS", _parallel_args(pf, plan)),
+              ("RECOMPUTE_ARGS", _recompute_args(plan)), ("STEP_ARGS", _step_args(plan))]
     args = [a for _, group in groups for a in group]
     refuse("megatron", megatron_violations(args, pf.target.gpus))
     return [(name, group) for name, group in groups if group]

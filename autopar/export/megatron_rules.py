@@ -277,7 +277,8 @@ def _world(a: Mapping[str, Any], world_size: int) -> list[str]:
     inst = a["num_distributed_optimizer_instances"]
     if dp_cp % inst:
         out.append(f"Megatron: 'Data parallel size should be divisible by partial DistOpt shard factor' "
-                   f"(dp·cp = {dp_cp}, --num-distributed-optimizer-instances {inst}); pick a zero shard size dividing dp")
+                   f"(dp·cp = {dp_cp}, --num-distributed-optimizer-instances {inst}); pick a zero shard size "
+                   "dividing dp")
     return out
 
 
@@ -352,7 +353,8 @@ def _layout(a: Mapping[str, Any]) -> list[str]:
         out.append("Megatron: 'The first layer must be embedding' and 'Embedding must be specified exactly once'; "
                    "start the layout with one E")
     if not flat.endswith("L") or flat.count("L") != 1:
-        out.append("Megatron: 'The last layer must be loss' and 'Loss must be specified exactly once'; end it with one L")
+        out.append("Megatron: 'The last layer must be loss' and 'Loss must be specified exactly once'; "
+                   "end it with one L")
     if a["num_layers"] is not None and flat.count("t") != a["num_layers"]:
         out.append(f"Megatron: 'Number of decoder layers {flat.count('t')} must match num_layers {a['num_layers']}'")
     mtp = a["mtp_num_layers"] or 0
@@ -415,9 +417,10 @@ def _sequence(a: Mapping[str, Any]) -> list[str]:
     out = []
     cp, seq = a["context_parallel_size"], a["seq_length"]
     types = a["cp_comm_type"] or ["p2p"]
-    bad = sorted(set(types) - {"p2p", "a2a", "allgather", "a2a+p2p"})
+    bad = sorted(set(types) - {"p2p", "a2a", "all_gather", "a2a+p2p"})
     if bad:
-        out.append(f"Megatron: --cp-comm-type {bad} is not one of p2p, a2a, allgather, a2a+p2p")
+        out.append(f"Megatron: --cp-comm-type {bad} is not one of p2p, a2a, all_gather, a2a+p2p (the values "
+                   "Transformer Engine's context-parallel attention takes)")
     if "a2a+p2p" in types and a["hierarchical_context_parallel_sizes"] is None:
         out.append("Megatron: '--hierarchical-context-parallel-sizes must be set when a2a+p2p is used in cp comm'")
     if seq is not None and cp > 1 and seq % (2 * cp):
