@@ -1,0 +1,67 @@
+"""The issue's acceptance check: every plan `autopar plan` emits for the four benchmark cases
+exports to every format it is eligible for, and each export passes that framework's validation
+(when the framework is installed, as in CI)."""
+
+from __future__ import annotations
+
+from functools import lru_cache
+
+import pytest
+
+from autopar.api import plan_file_for, search_plans
+from autopar.errors import ExportError
+from autopar.export import export, megatron_args
+from autopar.export.megatron_rules import megatron_violations, parse_megatron_argv
+from test_export_frameworks import deepspeed_config, fake_world, initialize, mcore, transformer_config  # noqa: F401
+
+CASES = {
+    "gpt3-175b 1024 A100": ("gpt3-175b", "dgx-a100-80gb", 1024, 2048, 1536),
+    "llama3-70b 64 H100": ("llama3-70b", "dgx-h100", 64, 8192, 128),
+    "llama3.1-405b 16384 H100": ("llama3.1-405b", "dgx-h100", 16384, 8192, 2048),
+    "deepseek-v3 2048 H800": ("deepseek-v3", "hgx-h800", 2048, 4096, 15360),
+}
+TOP = 3
+
+
+@lru_cache(maxsize=None)
+def plan_files(case: str):
+    model, cluster, gpus, seq, batch = CASES[case]
+    result = search_plans(model, cluster, gpus, seq, batch, top=TOP)
+    return [plan_file_for(model, cluster, gpus, plan, est) for plan, est in result.plans]
+
+
+@pytest.mark.parametrize("case", list(CASES))
+def test_benchmark_plans_export_to_megatron_and_pass_its_rules(case):
+    for pf in plan_files(case):
+        files = export(pf, "megatron")
+        assert "pretrain_gpt.py" in files["launch_megatron.sh"]
+        args = parse_megatron_argv(megatron_args(pf))
+        assert megatron_violations(args, pf.target.gpus) == []
+
+
+@pytest.mark.parametrize("case", list(CASES))
+def test_benchmark_plans_pass_megatron_core(case, mcore, fake_world):  # noqa: F811
+    from megatron.core import parallel_state as ps
+
+    for pf in plan_files(case):
+        a = parse_megatron_argv(megatron_args(pf))
+        config = transformer_config(a)
+        fake_world(pf.target.gpus)
+        initialize(a, config, pf.target.gpus)
+        assert ps.get_data_parallel_world_size() == pf.parallel.dp_for(pf.target.gpus)
+        ps.destroy_model_parallel()
+        import torch.distributed as dist
+
+        dist.destroy_process_group()
+
+
+@pytest.mark.parametrize("case", list(CASES))
+def test_benchmark_plans_other_formats_export_or_refuse_with_a_reason(case):
+    for pf in plan_files(case):
+        for fmt in ("deepspeed", "torchtitan"):
+            try:
+                files = export(pf, fmt)
+            except ExportError as exc:
+                assert str(exc) and "\n" not in str(exc)  # one line naming why
+            else:
+                assert files
