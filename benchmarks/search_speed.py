@@ -22,6 +22,7 @@ CASES = [  # (model, cluster, gpus, seq_len, global_batch)
     ("llama3-70b", "dgx-h100", 64, 8192, 128),
     ("llama3.1-405b", "dgx-h100", 16384, 8192, 2048),
     ("deepseek-v3", "hgx-h800", 2048, 4096, 15360),
+    ("llama3-8b", "dgx-h100", 64, 131072, 32),  # long context: the search must use CP
 ]
 
 
