@@ -245,7 +245,6 @@ def compare_plans(plan_files: list[str], plan_strings: list[str], *, model: str 
                   ) -> tuple[list[tuple[str, ParallelPlan, Estimate]], int]:
     """Score plan files and --plan strings for one model and cluster, in input order."""
     from autopar.errors import SchemaError
-    from autopar.schema.plan_file import read_plan_file
 
     if not plan_files and not plan_strings and not from_megatron and not from_deepspeed:
         raise SchemaError("nothing to compare; pass plan JSON files, --plan 'tp=8,pp=8,...' strings, "

@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import json
 from dataclasses import dataclass
 from functools import lru_cache
 from pathlib import Path
@@ -11,6 +10,7 @@ from pydantic import ValidationError
 
 from autopar.data import data_dir
 from autopar.errors import InputFileError, SchemaError
+from autopar.io import read_json_object
 from autopar.schema import one_line
 from autopar.schema.cost_model import CostModelFile
 from autopar.units import GiB, US
@@ -63,14 +63,9 @@ def list_cost_models() -> list[str]:
 
 
 def read_cost_model_file(path: Path) -> CostModelFile:
+    raw = read_json_object(path, "cost model file", "check the path")
     try:
-        raw = json.loads(path.read_text(encoding="utf-8"))
-    except OSError as exc:
-        raise InputFileError(f"cannot read cost model {path} ({exc.__class__.__name__}); check the path")
-    except json.JSONDecodeError as exc:
-        raise InputFileError(f"cost model {path} is malformed JSON near line {exc.lineno}; fix its syntax")
-    try:
-        return CostModelFile(**raw) if isinstance(raw, dict) else CostModelFile.model_validate(raw)
+        return CostModelFile(**raw)
     except ValidationError as exc:
         raise SchemaError(one_line(exc, f"cost model {path}"))
 
@@ -84,8 +79,6 @@ def load_cost_model(name_or_path: str) -> tuple[CostModelFile, CostParams]:
         if not path.is_file():
             raise InputFileError(f"unknown cost model {name_or_path!r}; shipped: {', '.join(list_cost_models())}, "
                                  "or pass a path to a JSON file made by `autopar profile` or `autopar calibrate`")
-    elif not path.is_file():
-        raise InputFileError(f"cost model file {path} does not exist; check the path")
     f = read_cost_model_file(path)
     return f, params_from_file(f)
 

@@ -11,7 +11,6 @@ the flag.
 
 from __future__ import annotations
 
-import json
 import re
 import shlex
 from pathlib import Path
@@ -20,6 +19,7 @@ from typing import Any, Mapping
 from pydantic import ValidationError
 
 from autopar.cost.step import stage_layer_counts
+from autopar.io import read_json_object
 from autopar.errors import InputFileError
 from autopar.export.megatron_rules import parse_layout, parse_megatron_argv
 from autopar.schema import one_line
@@ -347,17 +347,7 @@ def _moe_fields(a: Mapping[str, Any]) -> dict[str, Any]:
 def _ds_dict(config: str | Path | Mapping[str, Any]) -> dict[str, Any]:
     if isinstance(config, Mapping):
         return dict(config)
-    path = Path(config)
-    if not path.is_file():
-        raise InputFileError(f"DeepSpeed config {path} does not exist; pass a ds_config.json path or a dict")
-    try:
-        raw = json.loads(path.read_text(encoding="utf-8"))
-    except (OSError, UnicodeDecodeError) as exc:
-        raise InputFileError(f"cannot read DeepSpeed config {path} ({exc.__class__.__name__}); check its permissions")
-    except json.JSONDecodeError as exc:
-        raise InputFileError(f"DeepSpeed config {path} is malformed JSON near line {exc.lineno}; fix its syntax")
-    if not isinstance(raw, dict):
-        raise InputFileError(f"DeepSpeed config {path} must hold a JSON object")
+    raw = read_json_object(Path(config), "DeepSpeed config", "pass a ds_config.json path or a dict")
     return raw
 
 

@@ -11,7 +11,8 @@ from typing import Any, Literal
 
 from pydantic import BaseModel, ConfigDict, Field, ValidationError
 
-from autopar.errors import InputFileError, SchemaError
+from autopar.errors import SchemaError
+from autopar.io import read_json_object
 from autopar.schema import one_line
 from autopar.schema.model import ModelSpec
 from autopar.schema.plan import PLAN_SCHEMA_VERSION, ParallelPlan
@@ -50,16 +51,7 @@ def write_plan_file(path: Path, plan_file: PlanFile) -> None:
 
 def read_plan_file(path: str | Path) -> PlanFile:
     p = Path(path).expanduser()
-    if not p.is_file():
-        raise InputFileError(f"plan file {p} does not exist; write one with `autopar plan ... --out {p.name}`")
-    try:
-        raw = json.loads(p.read_text(encoding="utf-8"))
-    except (OSError, UnicodeDecodeError) as exc:
-        raise InputFileError(f"cannot read plan file {p} ({exc.__class__.__name__}); check its permissions")
-    except json.JSONDecodeError as exc:
-        raise InputFileError(f"plan file {p} is malformed JSON near line {exc.lineno}; fix its syntax or re-plan")
-    if not isinstance(raw, dict):
-        raise InputFileError(f"plan file {p} must hold a JSON object; re-create it with `autopar plan --out`")
+    raw = read_json_object(p, "plan file", f"write one with `autopar plan ... --out {p.name}`")
     if raw.get("schema_version") != PLAN_SCHEMA_VERSION:
         raise SchemaError(f"plan file {p} has schema_version {raw.get('schema_version')!r}, this autopar reads "
                           f"{PLAN_SCHEMA_VERSION}; re-create it with `autopar plan --out`")
