@@ -56,3 +56,56 @@ def test_plan_never_tracebacks(model, cluster, gpus, batch, fix, framework):
 def test_compare_never_tracebacks(plan, gpus, batch):
     _no_traceback(["compare", "--plan", plan, "--model", "llama3-8b", "--cluster", "dgx-h100", "--gpus", gpus,
                    "--global-batch", batch])
+
+
+paths = st.sampled_from(["/no/such.json", "tests/fixtures/hf/llama3-8b.json", "tests/fixtures/hf/bert.json",
+                         "README.md", "", "examples/custom-decoder.yaml"])
+
+
+@FUZZ
+@given(paths, st.sampled_from(["megatron", "deepspeed", "torchtitan", "jax", ""]))
+def test_export_never_tracebacks(path, fmt):
+    _no_traceback(["export", path, "--format", fmt])
+
+
+@FUZZ
+@given(st.one_of(st.none(), paths), st.sampled_from(["tp=8,pp=4", "tp=3", "zz=1", "pp=2,vpp=2", ""]),
+       st.sampled_from([None, "llama3-70b", "nope"]), st.sampled_from([8, 64, 0]))
+def test_explain_never_tracebacks(path, plan, model, gpus):
+    args = ["explain"] + ([path] if path else [])
+    if plan:
+        args += ["--plan", plan]
+    if model:
+        args += ["--model", model, "--cluster", "dgx-h100", "--gpus", gpus, "--global-batch", 128]
+    _no_traceback(args)
+
+
+@settings(max_examples=10, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+@given(st.sampled_from(["8,16", "8", "x", "0,8", "", "12"]), st.sampled_from(["64", "64,128", "-1", "a"]))
+def test_sweep_never_tracebacks(gpus, batch):
+    _no_traceback(["sweep", "llama3-8b", "--cluster", "dgx-h100", "--gpus", gpus, "--global-batch", batch,
+                   "--seq-len", "2048", "--quiet"])
+
+
+@FUZZ
+@given(st.sampled_from(["holdout", "fit", "all", "x"]), st.sampled_from([[], ["--source", "nope"],
+                                                                          ["--source", "narayanan21"]]),
+       st.sampled_from([[], ["--cost-model", "nope"], ["--cost-model", "/no/such.json"]]))
+def test_validate_never_tracebacks(split, source, cost):
+    _no_traceback(["validate", "--split", split, "--summary-only", *source, *cost])
+
+
+@settings(max_examples=10, deadline=None)
+@given(st.sampled_from(["builtin", "/no/such.yaml", "README.md"]), st.sampled_from(["a100", "h100", "tpu"]),
+       st.sampled_from(["a100", "nope", "/no/such.json"]))
+def test_calibrate_never_tracebacks(runs, gpu, base):
+    # --iters 1 keeps a real builtin fit short; errors must still be one line.
+    _no_traceback(["calibrate", runs, "--gpu", gpu, "--base", base, "--out", "/tmp/autopar-fuzz.json",
+                   "--iters", "1", "--rounds", "1"])
+
+
+@settings(max_examples=6, deadline=None)
+@given(st.sampled_from(["cuda", "tpu"]), st.sampled_from(["llama3-8b", "nope"]))
+def test_profile_never_tracebacks(device, model):
+    _no_traceback(["profile", "--device", device, "--model", model, "--quick", "--out", "/tmp/autopar-fuzz.json",
+                   "--quiet"])
