@@ -137,6 +137,15 @@ class Pricer:
         p2p = 2.0 * (plan.pp - 1) * self.table(plan).p2p_s[self._pp_crosses_nodes(plan)] if plan.pp > 1 else 0.0
         return pipe + p2p
 
+    def group_bound_s(self, plan: ParallelPlan) -> float:
+        """≤ time_lower_bound_s of every plan that differs from `plan` only by a smaller micro batch:
+        the pipeline's steady state alone, m · max_r t_r(b) = (B/dp) · max_r t_r(b)/b, and a rank's
+        time per sequence t_r(b)/b never rises with b here (GEMM, message-size and attention
+        efficiencies saturate upward; fixed overheads and the launch floor amortize), so the
+        largest micro batch gives the bound for the group."""
+        per_seq = max(self._rank_times(plan)) / plan.mbs
+        return per_seq * plan.global_batch / plan.dp_for(self.cluster.num_gpus)
+
     def _rank_times(self, plan: ParallelPlan) -> list[float]:
         """Forward + backward + recompute per microbatch of each pipeline rank. A full(K)
         plan is charged the cheapest decoder's recompute for min(K, layers) layers of each stage."""

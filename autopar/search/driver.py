@@ -2,10 +2,11 @@
 
 1. Enumerate the flat candidate list (autopar.search.space): every valid combination of degrees,
    micro batch, ZeRO stage and recompute mode, with the default layer split.
-2. Bound: each candidate gets a cheap lower bound on its step time (autopar.search.costs:
-   per-layer costs summed and spread evenly over the pipeline). Candidates are visited in
-   ascending bound order (ties by the plan's axes), and the walk stops as soon as a bound exceeds
-   the K-th best step time found so far — no later candidate can enter the top K.
+2. Bound: each candidate gets a cheap lower bound on its step time (autopar.search.costs: the
+   estimate's pipeline closed form over exact per-rank times). Candidates are visited best-first
+   in ascending bound order (ties by the plan's axes), and the walk stops as soon as a bound
+   exceeds the K-th best step time found so far — no later candidate can enter the top K. Plans
+   differing only in micro batch share one group bound until the group could still win.
 3. Score: a visited candidate whose first/last pipeline rank already overflows memory (the
    estimate's own rank memory) is pruned; the rest are scored by `estimate`, the one model.
 4. Refine: for the best visited candidates, the partition DP (partition.py; vpp = 1) moves layers
@@ -20,6 +21,7 @@ every candidate (tests check this against brute force). Refinement can only impr
 from __future__ import annotations
 
 import bisect
+import heapq
 import math
 import time
 from collections.abc import Callable
@@ -160,32 +162,62 @@ def refine_plan(graph: ModelGraph, cluster: Cluster, p: CostParams, plan: Parall
 
 def _branch_and_bound(plans: list[ParallelPlan], pricer: Pricer, walk: _Walk, memory_margin: float,
                       progress: Progress | None) -> None:
-    """Visit candidates by ascending time bound; stop when the bound passes the K-th best."""
-    bounds = [pricer.time_lower_bound_s(x) for x in plans]
-    keys = [plan_key(x) for x in plans]
-    order = sorted(range(len(plans)), key=lambda i: (bounds[i], keys[i]))
-    for pos, i in enumerate(order):
-        if bounds[i] > walk.kth_s:
-            walk.pruned_time = len(order) - pos
-            break
-        if progress and pos % 64 == 0:
-            progress("score", pos, len(order))
-        plan = plans[i]
-        walk.visited.append((bounds[i], keys[i], plan))
-        low = pricer.quick_memory_lower_bound_bytes(plan)
-        if low <= walk.capacity_bytes:
-            low = pricer.memory_lower_bound_bytes(plan)
-        if low > walk.capacity_bytes:
-            walk.pruned_memory += 1
-            walk.shortfalls.append((low - walk.capacity_bytes, keys[i], plan, False))
-            continue
-        est = estimate(pricer.graph, pricer.cluster, plan, pricer.p, memory_margin)
-        walk.scored += 1
-        if est.fits:
-            walk.feasible += 1
-            walk.add(plan, est)
+    """Best-first over candidates by ascending time bound; stop when the bound passes the K-th best.
+
+    Plans that differ only in micro batch form a group whose bound needs one cost table (that of
+    its largest micro batch, see Pricer.group_bound_s); a group is expanded into per-plan bounds
+    only when it is popped, i.e. when it could still beat the K-th best. The plans visited, and
+    their order, are those of bounding every plan up front."""
+    heap: list[tuple[float, int, tuple, object]] = []
+    for key, members in _mbs_groups(plans, pricer).items():
+        if len(members) == 1:
+            heap.append((pricer.time_lower_bound_s(members[0]), 1, plan_key(members[0]), members[0]))
         else:
-            walk.shortfalls.append((est.peak_memory_bytes - walk.capacity_bytes, keys[i], plan, True))
+            heap.append((pricer.group_bound_s(max(members, key=lambda x: x.mbs)), 0, key, members))
+    heapq.heapify(heap)
+    done = 0
+    while heap:
+        bound, is_plan, key, item = heapq.heappop(heap)
+        if bound > walk.kth_s:
+            break
+        if not is_plan:
+            for plan in item:
+                heapq.heappush(heap, (pricer.time_lower_bound_s(plan), 1, plan_key(plan), plan))
+            continue
+        done += 1
+        if progress and done % 64 == 0:
+            progress("score", done, len(plans))
+        _visit(item, bound, key, pricer, walk, memory_margin)
+    walk.pruned_time = len(plans) - done
+
+
+def _mbs_groups(plans: list[ParallelPlan], pricer: Pricer) -> dict[tuple, list[ParallelPlan]]:
+    """Plans keyed by every axis but the micro batch; with a profiled GEMM table (whose efficiency
+    need not grow with m) every plan is its own group, so every bound stays a true lower bound."""
+    groups: dict[tuple, list[ParallelPlan]] = {}
+    for plan in plans:
+        full = plan_key(plan)
+        key = full[:6] + full[7:] if not pricer.p.gemm_table else full  # plan_key()[6] is mbs
+        groups.setdefault(key, []).append(plan)
+    return groups
+
+
+def _visit(plan: ParallelPlan, bound: float, key: tuple, pricer: Pricer, walk: _Walk, memory_margin: float) -> None:
+    walk.visited.append((bound, key, plan))
+    low = pricer.quick_memory_lower_bound_bytes(plan)
+    if low <= walk.capacity_bytes:
+        low = pricer.memory_lower_bound_bytes(plan)
+    if low > walk.capacity_bytes:
+        walk.pruned_memory += 1
+        walk.shortfalls.append((low - walk.capacity_bytes, key, plan, False))
+        return
+    est = estimate(pricer.graph, pricer.cluster, plan, pricer.p, memory_margin)
+    walk.scored += 1
+    if est.fits:
+        walk.feasible += 1
+        walk.add(plan, est)
+    else:
+        walk.shortfalls.append((est.peak_memory_bytes - walk.capacity_bytes, key, plan, True))
 
 
 def _refine(spec: SpaceSpec, pricer: Pricer, walk: _Walk, memory_margin: float, progress: Progress | None) -> None:
