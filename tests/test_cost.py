@@ -8,7 +8,7 @@ from autopar.api import estimate_plan, make_plan
 from autopar.cost import comm, memory
 from autopar.cost.params import load_cost_model
 from autopar.cost.pipeline import simulate_1f1b, simulate_interleaved
-from autopar.cost.step import _pipeline_step_s, stage_layer_counts
+from autopar.cost.step import pipeline_step_s, stage_layer_counts
 from autopar.hardware import load_cluster
 from autopar.model import load_model
 from autopar.validate.report import validate
@@ -67,7 +67,7 @@ def test_inflight_microbatches():
 @pytest.mark.parametrize("p,m,v", [(4, 8, 1), (8, 32, 1), (4, 8, 2), (8, 16, 4), (2, 2, 2)])
 def test_pipeline_closed_form_equals_simulation_and_narayanan_bubble(p, m, v):
     f, b = 1.0, 2.0  # per-rank times of one microbatch
-    base, _ = _pipeline_step_s([f] * p, [b] * p, m, v, 0.0)
+    base, _ = pipeline_step_s([f] * p, [b] * p, m, v, 0.0)
     sim = simulate_1f1b([f] * p, [b] * p, m) if v == 1 else simulate_interleaved([f / v] * (p * v), [b / v] * (p * v), m, v)
     assert base == pytest.approx(sim.step_s, rel=1e-12)
     # Narayanan'21: bubble / ideal = (p - 1)/m, interleaved (p - 1)/(m·v).
@@ -76,7 +76,7 @@ def test_pipeline_closed_form_equals_simulation_and_narayanan_bubble(p, m, v):
 
 def test_pipeline_closed_form_bounds_nonuniform_simulation():
     f, b, m = [1.2, 1.0, 1.0, 1.5], [2.4, 2.0, 2.0, 3.0], 8
-    base, _ = _pipeline_step_s(f, b, m, 1, 0.0)
+    base, _ = pipeline_step_s(f, b, m, 1, 0.0)
     assert simulate_1f1b(f, b, m).step_s <= base + 1e-12
 
 

@@ -105,7 +105,7 @@ def moe_load(plan: ParallelPlan) -> float:
 
 
 @dataclass(frozen=True, slots=True)
-class _Setup:
+class StepSetup:
     split: Split
     spans: Spans
     dp_span: comm.GroupSpan
@@ -116,7 +116,7 @@ class _Setup:
     m: int
 
 
-def _setup(graph: ModelGraph, cluster: Cluster, plan: ParallelPlan, p: CostParams) -> _Setup:
+def setup(graph: ModelGraph, cluster: Cluster, plan: ParallelPlan, p: CostParams) -> StepSetup:
     n, gpn = cluster.num_gpus, cluster.gpus_per_node
     dp = plan.dp_for(n)
     etp = plan.expert_tp
@@ -132,13 +132,13 @@ def _setup(graph: ModelGraph, cluster: Cluster, plan: ParallelPlan, p: CostParam
                   ep=comm.group_span(plan.ep, etp, gpn), etp=comm.group_span(etp, 1, gpn))
     # Gradients are reduced, and the distributed optimizer shards, over dp·cp: CP ranks hold the same
     # weights (Megatron's data-parallel group "with context parallel").
-    return _Setup(split=split, spans=spans, dp_span=comm.group_span(dp * plan.cp, plan.tp, gpn),
+    return StepSetup(split=split, spans=spans, dp_span=comm.group_span(dp * plan.cp, plan.tp, gpn),
                   edp_span=comm.group_span(edp, etp * plan.ep, gpn),
                   pp_crosses_nodes=plan.tp * plan.cp * dp >= gpn and n > gpn, dp=dp, edp=edp,
                   m=plan.num_microbatches(n))
 
 
-def _layer_costs(stages: list[list[Layer]], st: _Setup, cluster: Cluster, p: CostParams,
+def layer_costs(stages: list[list[Layer]], st: StepSetup, cluster: Cluster, p: CostParams,
                  plan: ParallelPlan) -> dict[str, LayerCost]:
     """Cost of each distinct layer (all dense decoders are alike, all MoE decoders are alike)."""
     out: dict[str, LayerCost] = {}
@@ -163,7 +163,7 @@ def _recompute_mode(plan: ParallelPlan, position: int) -> str:
     return r.mode
 
 
-def _stage_time(stage: list[Layer], costs: dict[str, LayerCost], plan: ParallelPlan) -> tuple[float, float, float, dict]:
+def stage_time(stage: list[Layer], costs: dict[str, LayerCost], plan: ParallelPlan) -> tuple[float, float, float, dict]:
     """(fwd, bwd incl. recompute, recompute, comm parts) of one virtual stage for one microbatch."""
     fwd = bwd = rec = 0.0
     parts = {"tp_comm": 0.0, "cp_comm": 0.0, "ep_comm": 0.0}
@@ -187,7 +187,7 @@ def _stage_time(stage: list[Layer], costs: dict[str, LayerCost], plan: ParallelP
     return fwd, bwd, rec, parts
 
 
-def _stage_params(stage: list[Layer], plan: ParallelPlan, tied_copy: bool, embedding: Layer) -> tuple[float, float, float]:
+def stage_params(stage: list[Layer], plan: ParallelPlan, tied_copy: bool, embedding: Layer) -> tuple[float, float, float]:
     """(dense params on one GPU, expert params on one GPU, largest layer) of one virtual stage."""
     dense = expert = largest = 0.0
     for layer in stage:
@@ -199,7 +199,7 @@ def _stage_params(stage: list[Layer], plan: ParallelPlan, tied_copy: bool, embed
     return dense, expert, largest
 
 
-def _stage_activation_bytes(stage: list[Layer], plan: ParallelPlan, tokens: float) -> tuple[float, float]:
+def stage_activation_bytes(stage: list[Layer], plan: ParallelPlan, tokens: float) -> tuple[float, float]:
     """(saved bytes for one microbatch, working bytes of the largest recomputed layer)."""
     saved = work = 0.0
     position = 0
@@ -218,7 +218,7 @@ def _stage_activation_bytes(stage: list[Layer], plan: ParallelPlan, tokens: floa
     return saved, work
 
 
-def _rank_memory(rank: int, chunks: list[list[Layer]], graph: ModelGraph, plan: ParallelPlan, st: _Setup,
+def rank_memory(rank: int, chunks: list[list[Layer]], graph: ModelGraph, plan: ParallelPlan, st: StepSetup,
                  p: CostParams) -> tuple[float, dict[str, float], float, float]:
     """(peak bytes, breakdown, dense params, expert params) of one pipeline rank."""
     last_rank = plan.pp - 1
@@ -227,9 +227,9 @@ def _rank_memory(rank: int, chunks: list[list[Layer]], graph: ModelGraph, plan: 
     saved = []
     work = 0.0
     for i, chunk in enumerate(chunks):
-        d, e, big = _stage_params(chunk, plan, tied_copy and i == len(chunks) - 1, graph.layers[0])
+        d, e, big = stage_params(chunk, plan, tied_copy and i == len(chunks) - 1, graph.layers[0])
         dense, expert, largest = dense + d, expert + e, max(largest, big)
-        s, w = _stage_activation_bytes(chunk, plan, st.split.tokens)
+        s, w = stage_activation_bytes(chunk, plan, st.split.tokens)
         saved.append(s)
         work = max(work, w)
     shard = plan.zero_shard_size or st.dp * plan.cp
@@ -251,7 +251,7 @@ def _rank_memory(rank: int, chunks: list[list[Layer]], graph: ModelGraph, plan: 
     return total, breakdown, dense, expert
 
 
-def _dp_sync_s(dense: float, expert: float, st: _Setup, cluster: Cluster, p: CostParams,
+def _dp_sync_s(dense: float, expert: float, st: StepSetup, cluster: Cluster, p: CostParams,
                plan: ParallelPlan) -> float:
     """Gradient reduction (reduce-scatter with a sharded optimizer, all-reduce without) plus the
     parameter all-gather of ZeRO ≥ 1, over the dense DP group and the expert DP group."""
@@ -275,7 +275,7 @@ def _exposed_dp_s(sync_s: float, overlap_window_s: float, plan: ParallelPlan) ->
     return max(sync_s / GRAD_BUCKETS, sync_s - overlap_window_s)
 
 
-def _zero3_exposed_s(dense: float, expert: float, fwd_compute_s: float, st: _Setup, cluster: Cluster,
+def _zero3_exposed_s(dense: float, expert: float, fwd_compute_s: float, st: StepSetup, cluster: Cluster,
                      p: CostParams, plan: ParallelPlan) -> float:
     """ZeRO-3/FSDP re-gathers weights in forward and backward of every microbatch and
     reduce-scatters gradients in backward; prefetching hides it behind that microbatch's compute."""
@@ -287,7 +287,7 @@ def _zero3_exposed_s(dense: float, expert: float, fwd_compute_s: float, st: _Set
     return st.m * max(0.0, per_mb - 3.0 * fwd_compute_s)
 
 
-def _pipeline_step_s(f: list[float], b: list[float], m: int, v: int, p2p_s: float) -> tuple[float, float]:
+def pipeline_step_s(f: list[float], b: list[float], m: int, v: int, p2p_s: float) -> tuple[float, float]:
     """(step without p2p, p2p part) of the (interleaved) 1F1B schedule, closed form."""
     fb = [x + y for x, y in zip(f, b)]
     slowest = max(fb)
@@ -298,18 +298,18 @@ def _pipeline_step_s(f: list[float], b: list[float], m: int, v: int, p2p_s: floa
 def estimate(graph: ModelGraph, cluster: Cluster, plan: ParallelPlan, p: CostParams,
              memory_margin: float = 0.0) -> Estimate:
     """Score one plan (assumed valid: see autopar.schema.plan.check_plan)."""
-    st = _setup(graph, cluster, plan, p)
+    st = setup(graph, cluster, plan, p)
     stages = assign_layers(graph, plan)
-    costs = _layer_costs(stages, st, cluster, p, plan)
+    costs = layer_costs(stages, st, cluster, p, plan)
     ranks = [[stages[c * plan.pp + r] for c in range(plan.vpp)] for r in range(plan.pp)]
     f, b, rec, comm_parts, stage_rows, dp_exposed = [], [], [], [], [], 0.0
     for r, chunks in enumerate(ranks):
-        times = [_stage_time(chunk, costs, plan) for chunk in chunks]
+        times = [stage_time(chunk, costs, plan) for chunk in chunks]
         f.append(sum(t[0] for t in times))
         b.append(sum(t[1] for t in times))
         rec.append(sum(t[2] for t in times))
         comm_parts.append({k: sum(t[3][k] for t in times) for k in ("tp_comm", "cp_comm", "ep_comm")})
-        mem, breakdown, dense, expert = _rank_memory(r, chunks, graph, plan, st, p)
+        mem, breakdown, dense, expert = rank_memory(r, chunks, graph, plan, st, p)
         sync = _dp_sync_s(dense, expert, st, cluster, p, plan)
         slack = r * (b[-1] / plan.vpp)  # later ranks finish their last backward earlier
         dp_exposed = max(dp_exposed, _exposed_dp_s(sync, b[-1], plan) - slack)
@@ -321,7 +321,7 @@ def estimate(graph: ModelGraph, cluster: Cluster, plan: ParallelPlan, p: CostPar
                                         memory_bytes=mem, memory_breakdown_bytes=breakdown))
     p2p_bytes = st.split.tokens * graph.spec.hidden_size * BF16_BYTES / (plan.tp if plan.sequence_parallel else 1)
     p2p_s = comm.send_recv_s(p2p_bytes, st.pp_crosses_nodes, cluster, p) if plan.pp > 1 else 0.0
-    pipe_s, pp_comm_s = _pipeline_step_s(f, b, st.m, plan.vpp, p2p_s)
+    pipe_s, pp_comm_s = pipeline_step_s(f, b, st.m, plan.vpp, p2p_s)
     opt_params = max(row.params / ((plan.zero_shard_size or st.dp * plan.cp) if plan.zero >= 1 else 1)
                      for row in stage_rows)
     optimizer_s = memory_bound_time_s(opt_params * OPTIMIZER_BYTES_PER_PARAM, cluster.hbm_bytes_per_s, p, kernels=4)
@@ -341,7 +341,7 @@ def estimate(graph: ModelGraph, cluster: Cluster, plan: ParallelPlan, p: CostPar
     return _summarize(graph, cluster, plan, st, step_s, breakdown_s, stage_rows, rec, memory_margin)
 
 
-def _summarize(graph: ModelGraph, cluster: Cluster, plan: ParallelPlan, st: _Setup, step_s: float,
+def _summarize(graph: ModelGraph, cluster: Cluster, plan: ParallelPlan, st: StepSetup, step_s: float,
                breakdown_s: dict[str, float], stage_rows: list[StageEstimate], rec: list[float],
                memory_margin: float) -> Estimate:
     n = cluster.num_gpus

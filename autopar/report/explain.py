@@ -197,12 +197,12 @@ def rank_comm_s(graph: ModelGraph, cluster: Cluster, plan: ParallelPlan, p: Cost
     own per-stage accounting (autopar.cost.step); the Estimate keeps it for the bottleneck only."""
     from autopar.cost import step as step_model
 
-    st = step_model._setup(graph, cluster, plan, p)
+    st = step_model.setup(graph, cluster, plan, p)
     stages = step_model.assign_layers(graph, plan)
-    costs = step_model._layer_costs(stages, st, cluster, p, plan)
+    costs = step_model.layer_costs(stages, st, cluster, p, plan)
     out = []
     for r in range(plan.pp):
-        parts = [step_model._stage_time(stages[c * plan.pp + r], costs, plan)[3] for c in range(plan.vpp)]
+        parts = [step_model.stage_time(stages[c * plan.pp + r], costs, plan)[3] for c in range(plan.vpp)]
         out.append({k: st.m * sum(x[k] for x in parts) for k in COMM_AXES})
     return out
 

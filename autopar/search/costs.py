@@ -3,17 +3,17 @@ very functions `autopar.cost.step.estimate` uses, so search and evaluation canno
 
 Nothing here is a second cost model. Per-layer time comes from `layer_cost`; per-layer saved
 activations, recompute working bytes and parameters come from the estimate's private
-`_stage_activation_bytes` / `_stage_params` applied to a one-layer stage; rank memory is the
-estimate's own `_rank_memory` (private names imported on purpose: the search must price a plan
+`stage_activation_bytes` / `stage_params` applied to a one-layer stage; rank memory is the
+estimate's own `rank_memory` (private names imported on purpose: the search must price a plan
 exactly as `estimate` does).
 
-  time_lower_bound_s: the estimate's pipeline closed form (`_pipeline_step_s`, Narayanan et al.
+  time_lower_bound_s: the estimate's pipeline closed form (`pipeline_step_s`, Narayanan et al.
     SC'21 §2.2 generalized to unequal ranks) over the exact per-rank forward + backward + recompute
     sums of the plan's layer split, plus the p2p term; the DP sync and the optimizer step (both ≥ 0)
     are left out, so it is a lower bound. Full recompute of the first K layers is charged the
     cheapest decoder's recompute time.
   memory_lower_bound_bytes: the exact peak of the first and the last pipeline rank (the estimate's
-    own `_rank_memory`); the plan's peak is the maximum over all ranks, so this is a lower bound.
+    own `rank_memory`); the plan's peak is the maximum over all ranks, so this is a lower bound.
 """
 
 from __future__ import annotations
@@ -27,11 +27,11 @@ from autopar.cost import comm, memory
 from autopar.cost.layer import BF16_BYTES, layer_cost
 from autopar.cost.params import CostParams
 from autopar.cost.step import (
-    _pipeline_step_s,
-    _rank_memory,
-    _setup,
-    _stage_activation_bytes,
-    _stage_params,
+    pipeline_step_s,
+    rank_memory,
+    setup,
+    stage_activation_bytes,
+    stage_params,
     assign_layers,
     stage_layer_counts,
 )
@@ -79,7 +79,7 @@ def split_key(plan: ParallelPlan) -> tuple:
 
 def layer_table(graph: ModelGraph, cluster: Cluster, plan: ParallelPlan, p: CostParams) -> LayerTable:
     """The table of `plan`'s split, from the estimate's per-layer functions."""
-    st = _setup(graph, cluster, plan, p)
+    st = setup(graph, cluster, plan, p)
     modules = split_key(plan)[-1]
     mode_plans = {m: plan.model_copy(update={"recompute": Recompute(mode=m, modules=modules)}) for m in MODES}
     kind_to_row: dict[str, tuple] = {}
@@ -88,8 +88,8 @@ def layer_table(graph: ModelGraph, cluster: Cluster, plan: ParallelPlan, p: Cost
         key = layer.kind if layer.kind in ("dense", "moe") else layer.name
         if key not in kind_to_row:
             c = layer_cost(layer, st.split, st.spans, cluster, p, plan.tp_comm_overlap)
-            acts = {m: _stage_activation_bytes([layer], mp, st.split.tokens) for m, mp in mode_plans.items()}
-            dense, expert, _ = _stage_params([layer], plan, False, graph.layers[0])
+            acts = {m: stage_activation_bytes([layer], mp, st.split.tokens) for m, mp in mode_plans.items()}
+            dense, expert, _ = stage_params([layer], plan, False, graph.layers[0])
             dec = layer.kind in ("dense", "moe")
             kind_to_row[key] = (dec, c.fwd_s + c.bwd_s, {m: c.recompute_s(m, modules) if dec else 0.0 for m in MODES},
                                 dense, expert, acts)
@@ -107,7 +107,7 @@ def layer_table(graph: ModelGraph, cluster: Cluster, plan: ParallelPlan, p: Cost
 
 class Pricer:
     """Tables and bounds for one (model, cluster, cost model); candidates that share a split share
-    a table, and `_setup` results are shared per (split, dp)."""
+    a table, and `setup` results are shared per (split, dp)."""
 
     def __init__(self, graph: ModelGraph, cluster: Cluster, p: CostParams) -> None:
         self.graph, self.cluster, self.p = graph, cluster, p
@@ -125,7 +125,7 @@ class Pricer:
     def _pp_crosses_nodes(self, plan: ParallelPlan) -> bool:
         key = (plan.tp, plan.cp, plan.pp)
         if key not in self._key_to_crosses:
-            self._key_to_crosses[key] = _setup(self.graph, self.cluster, plan, self.p).pp_crosses_nodes
+            self._key_to_crosses[key] = setup(self.graph, self.cluster, plan, self.p).pp_crosses_nodes
         return self._key_to_crosses[key]
 
     def time_lower_bound_s(self, plan: ParallelPlan) -> float:
@@ -133,7 +133,7 @@ class Pricer:
         per-rank forward + backward (+ recompute) sums, plus p2p; DP sync and optimizer left out."""
         ranks = self._rank_times(plan)
         m = plan.num_microbatches(self.cluster.num_gpus)
-        pipe, _ = _pipeline_step_s(ranks, [0.0] * len(ranks), m, plan.vpp, 0.0)
+        pipe, _ = pipeline_step_s(ranks, [0.0] * len(ranks), m, plan.vpp, 0.0)
         p2p = 2.0 * (plan.pp - 1) * self.table(plan).p2p_s[self._pp_crosses_nodes(plan)] if plan.pp > 1 else 0.0
         return pipe + p2p
 
@@ -176,10 +176,10 @@ class Pricer:
 
     def _state_bytes_per_param(self, plan: ParallelPlan) -> tuple[float, float]:
         """Bytes of weights + grads + optimizer per local dense / expert parameter. The shard is the
-        cost model's DP group (dp·cp, `_setup`'s dp_span); experts shard over the expert DP group (edp)."""
+        cost model's DP group (dp·cp, `setup`'s dp_span); experts shard over the expert DP group (edp)."""
         key = (plan.tp, plan.cp, plan.pp, plan.ep, plan.expert_tp, plan.zero, plan.zero_shard_size)
         if key not in self._key_to_states:
-            st = _setup(self.graph, self.cluster, plan, self.p)
+            st = setup(self.graph, self.cluster, plan, self.p)
             shard = plan.zero_shard_size or st.dp_span.size
             expert_shard = min(plan.zero_shard_size, st.edp) if plan.zero_shard_size else st.edp
             fw = plan.framework
@@ -188,13 +188,13 @@ class Pricer:
         return self._key_to_states[key]
 
     def memory_lower_bound_bytes(self, plan: ParallelPlan) -> float:
-        """Peak of ranks 0 and pp − 1 by the estimate's own `_rank_memory`: ≤ estimate's peak."""
-        st = _setup(self.graph, self.cluster, plan, self.p)
+        """Peak of ranks 0 and pp − 1 by the estimate's own `rank_memory`: ≤ estimate's peak."""
+        st = setup(self.graph, self.cluster, plan, self.p)
         stages = assign_layers(self.graph, plan)
         out = 0.0
         for r in {0, plan.pp - 1}:
             chunks = [stages[c * plan.pp + r] for c in range(plan.vpp)]
-            out = max(out, _rank_memory(r, chunks, self.graph, plan, st, self.p)[0])
+            out = max(out, rank_memory(r, chunks, self.graph, plan, st, self.p)[0])
         return out
 
 
@@ -217,8 +217,8 @@ class StageMemoryModel:
 
 def stage_memory_model(graph: ModelGraph, cluster: Cluster, plan: ParallelPlan, p: CostParams,
                        memory_margin: float) -> StageMemoryModel:
-    """The linear memory model of a plan's ranks (matches `_rank_memory` for ZeRO < 3, tested)."""
-    st = _setup(graph, cluster, plan, p)
+    """The linear memory model of a plan's ranks (matches `rank_memory` for ZeRO < 3, tested)."""
+    st = setup(graph, cluster, plan, p)
     shard = plan.zero_shard_size or st.dp * plan.cp
     per_dense = sum(memory.model_state_bytes(1.0, plan.framework, plan.zero, shard).values())
     per_expert = sum(memory.model_state_bytes(1.0, plan.framework, plan.zero, min(shard, st.edp)).values())
