@@ -186,6 +186,7 @@ def calibrate(
     derive_as: Annotated[Optional[str], typer.Option("--derive-as", help="Instead of fitting, copy the base model's efficiencies under this name (for GPUs without measured runs).")] = None,
     derive_gpus: Annotated[Optional[str], typer.Option("--derive-gpus", help="With --derive-as: comma-separated GPU names (as in hardware profiles) it applies to.")] = None,
     reason: Annotated[str, typer.Option("--reason", help="With --derive-as: why the base applies, recorded in the file.")] = "",
+    as_json: JsonOpt = False,
 ) -> None:
     """Fit a cost model's efficiencies to measured runs and write it with its provenance."""
     from pathlib import Path
@@ -202,13 +203,20 @@ def calibrate(
                               command, reason)
         if runs != "builtin":
             fitted, loo = cal.calibrate_user(runs, base_file, command, iters=iters)
-            for run_id, e in loo:
-                out.print(f"leave-one-out {run_id}: error {e:+.1%}")
+            leave_one_out.extend(loo)
+            if not as_json:
+                for run_id, e in loo:
+                    out.print(f"leave-one-out {run_id}: error {e:+.1%}")
             return fitted
         return cal.calibrate_builtin(gpu, base_file, command, rounds, iters)
 
+    leave_one_out: list[tuple[str, float]] = []
     result = _run(run)
     Path(out_path).write_text(result.model_dump_json(indent=2) + "\n")
+    if as_json:
+        _emit_json({"out": out_path, "cost_model": result.model_dump(mode="json"),
+                    "leave_one_out": [{"run_id": r, "error": e} for r, e in leave_one_out]})
+        return
     fit = result.fit
     if fit:
         out.print(f"fitted on {fit.runs_fit} runs: MAPE {fit.mape_fit:.1%}; held-out {fit.runs_holdout} runs: "
@@ -350,6 +358,7 @@ def profile(
     quick: Annotated[bool, typer.Option("--quick", help="Fewer shapes and repeats (about a minute on a CPU).")] = False,
     base: Annotated[Optional[str], typer.Option("--base", help="Cost model whose unmeasured parameters to keep; default: the shipped one for the GPU.")] = None,
     quiet: QuietOpt = False,
+    as_json: JsonOpt = False,
 ) -> None:
     """Measure GEMM, attention, memory bandwidth and collectives here and write a cost-model file."""
     from pathlib import Path
@@ -358,7 +367,7 @@ def profile(
 
     _check_choice(device, ("cuda", "cpu"), "--device")
     command = "autopar profile " + " ".join(sys.argv[2:])
-    bar, update = _progress_sink(quiet)
+    bar, update = _progress_sink(quiet or as_json)
 
     def run():
         if bar is None:
@@ -368,6 +377,9 @@ def profile(
 
     result = _run(run)
     Path(out_path).write_text(result.model_dump_json(indent=2) + "\n")
+    if as_json:
+        _emit_json({"out": out_path, "cost_model": result.model_dump(mode="json")})
+        return
     out.print(f"wrote {out_path}: {len(result.gemm_table)} GEMM shapes, "
               f"{len(result.measurements.get('collectives', []))} collective measurements")
 
@@ -496,10 +508,15 @@ def export(
     plan_file: Annotated[str, typer.Argument(help="A plan JSON written by `autopar plan --out`.")],
     fmt: FormatOpt = "megatron",
     out_path: Annotated[Optional[str], typer.Option("--out", "-o", help="A directory for the files (or a file name when the format makes one file); default: print them.")] = None,
+    as_json: JsonOpt = False,
 ) -> None:
     """Turn a plan into a launch config that Megatron-LM, DeepSpeed or torchtitan accepts."""
     _check_choice(fmt, ("megatron", "deepspeed", "torchtitan"), "--format")
     files = _run(lambda: api.export_plan_file(plan_file, fmt))
+    if as_json:
+        written = _run(lambda: api.write_files(files, out_path))
+        _emit_json({"format": fmt, "files": files, "written": written})
+        return
     _emit_files(files, out_path)
 
 

@@ -55,3 +55,12 @@ def test_compare_with_imported_megatron_args(tmp_path):
     assert r.exit_code == 0, r.output
     plans = json.loads(r.output)["plans"]
     assert plans[0]["parallel"]["tp"] == 2 and plans[1]["parallel"]["tp"] == 1
+
+
+def test_export_json(tmp_path):
+    pj = tmp_path / "plan.json"
+    assert runner.invoke(app, PLAN + ["--out", str(pj)]).exit_code == 0
+    r = runner.invoke(app, ["export", str(pj), "--json"])
+    assert r.exit_code == 0, r.output
+    d = json.loads(r.output)
+    assert d["format"] == "megatron" and "launch_megatron.sh" in d["files"] and d["written"] == []
