@@ -153,3 +153,10 @@ def test_nemo_llama3_8b_cp2_fp8_fits():
     e = estimate_plan("llama3-8b", "dgx-h100", 8, make_plan(cp=2, global_batch=128, seq_len=8192, precision="fp8",
                                                             recompute={"mode": "none"}))
     assert e.fits
+
+
+def test_param_gather_overlap_defaults_to_having_a_sharded_optimizer():
+    # Megatron: --overlap-param-gather needs --use-distributed-optimizer; the default follows zero.
+    assert make_plan(global_batch=8, seq_len=4096, zero=0).overlap_param_gather is False
+    assert make_plan(global_batch=8, seq_len=4096, zero=1).overlap_param_gather is True
+    assert make_plan(global_batch=8, seq_len=4096, zero=0, overlap_param_gather=True).overlap_param_gather is True

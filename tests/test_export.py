@@ -334,7 +334,7 @@ def test_pipeline_layout_places_embedding_mtp_and_loss():
 
 
 def test_export_refuses_plans_megatron_rejects():
-    pf = plan_file("llama3-8b", 8, global_batch=8, seq_len=4096, zero=0)  # overlap_param_gather defaults on
+    pf = plan_file("llama3-8b", 8, global_batch=8, seq_len=4096, zero=0, overlap_param_gather=True)
     with pytest.raises(ExportError, match="--overlap-param-gather only supported with distributed optimizer"):
         export(pf, "megatron")
     pf = plan_file("gpt3-175b", 64, tp=8, pp=8, global_batch=64, seq_len=4096)  # learned table of 2048

@@ -65,3 +65,23 @@ def test_benchmark_plans_other_formats_export_or_refuse_with_a_reason(case):
                 assert str(exc) and "\n" not in str(exc)  # one line naming why
             else:
                 assert files
+
+
+@pytest.mark.parametrize("model,gpus,seq,batch", [("llama3-8b", 16, 4096, 64), ("mixtral-8x7b", 32, 4096, 64),
+                                                  ("gpt3-175b", 64, 2048, 128), ("deepseek-v3", 256, 4096, 1024)])
+def test_every_searchable_plan_is_expressible_in_megatron(model, gpus, seq, batch):
+    """autopar never emits a plan Megatron cannot express: a sample of the whole search space (not
+    just the winners) exports and passes the re-implemented validate_args rules."""
+    from autopar.api import load_model
+    from autopar.cost.params import cost_model_for_gpu
+    from autopar.cost.step import estimate
+    from autopar.hardware import load_cluster
+    from autopar.search import candidates, space_spec_for
+
+    g, c = load_model(model), load_cluster("dgx-h100", gpus)
+    p = cost_model_for_gpu(c.gpu_name)[1]
+    plans = candidates(space_spec_for(g, c, seq, batch))
+    for plan in plans[:: max(1, len(plans) // 100)]:
+        pf = plan_file_for(model, "dgx-h100", gpus, plan, estimate(g, c, plan, p))
+        export(pf, "megatron")  # raises ExportError on anything Megatron would refuse
+        assert megatron_violations(parse_megatron_argv(megatron_args(pf)), gpus) == []

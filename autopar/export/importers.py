@@ -371,7 +371,7 @@ def plan_from_deepspeed_config(config: str | Path | Mapping[str, Any], num_gpus:
     prefetch = zero.get("stage3_prefetch_bucket_size", zero.get("prefetch_bucket_size", 5e7))
     fields = {"pp": pp, "mbs": mbs, "global_batch": gbs, "seq_len": seq_len, "zero": stage, "framework": "deepspeed",
               "overlap_grad_reduce": bool(overlap_comm), "recompute": _ds_recompute(c),
-              "overlap_param_gather": bool(prefetch) if stage == 3 else True}
+              "overlap_param_gather": bool(prefetch) if stage == 3 else stage >= 1}
     try:
         return ParallelPlan(**fields)
     except ValidationError as exc:

@@ -69,7 +69,8 @@ class ParallelPlan(BaseModel):
     recompute: Recompute = Field(default_factory=Recompute, description="Activation recomputation.")
     precision: Literal["bf16", "fp8"] = Field("bf16", description="Compute precision of the GEMMs.")
     overlap_grad_reduce: bool = Field(True, description="Overlap DP gradient reduction with backward.")
-    overlap_param_gather: bool = Field(True, description="Overlap ZeRO parameter all-gather with compute.")
+    overlap_param_gather: bool = Field(True, description="Overlap ZeRO parameter all-gather with compute; "
+                                       "when not given, on exactly when parameters are gathered (zero >= 1).")
     tp_comm_overlap: bool = Field(False, description="Overlap TP communication with GEMMs (needs sp).")
     cp_comm_type: Literal["p2p", "a2a", "allgather"] = Field(
         "p2p", description="Context-parallel attention (Megatron --cp-comm-type): p2p ring with K/V exchange "
@@ -86,6 +87,15 @@ class ParallelPlan(BaseModel):
     layers_per_stage: tuple[int, ...] | None = Field(
         None, description="Decoder layers per virtual stage (pp·vpp entries, in execution order); None = "
         "even, with any remainder taken off the first and last stages (they hold embedding and head).")
+
+    @model_validator(mode="before")
+    @classmethod
+    def _default_param_gather(cls, data):
+        """Without a sharded optimizer there is no parameter all-gather to overlap, and Megatron
+        refuses --overlap-param-gather without --use-distributed-optimizer."""
+        if isinstance(data, dict) and data.get("overlap_param_gather") is None:
+            data = {**data, "overlap_param_gather": data.get("zero", 1) >= 1}
+        return data
 
     @property
     def expert_tp(self) -> int:

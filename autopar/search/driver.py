@@ -294,14 +294,18 @@ def _score_refined(spec: SpaceSpec, pricer: Pricer, walk: _Walk, plan: ParallelP
 
 def _nothing_fits_message(spec: SpaceSpec, pricer: Pricer, walk: _Walk, memory_margin: float) -> str:
     """The smallest shortfall (exact: bounds are re-priced by `estimate`) and what would fix it."""
-    closest = sorted(walk.shortfalls, key=lambda t: (t[0], t[1]))[:16]
-    exact = []
-    for short, key, plan, is_exact in closest:
+    # Best-first over lower bounds: a bound is re-priced exactly only while it could still beat the
+    # best exact shortfall found, so the plan named is the true closest among those visited.
+    best: tuple[float, tuple, ParallelPlan] | None = None
+    for short, key, plan, is_exact in sorted(walk.shortfalls, key=lambda t: (t[0], t[1])):
+        if best is not None and (short, key) >= best[:2]:
+            break
         if not is_exact:
             est = estimate(pricer.graph, pricer.cluster, plan, pricer.p, memory_margin)
             short = est.peak_memory_bytes - walk.capacity_bytes
-        exact.append((short, key, plan))
-    short, _, plan = min(exact, key=lambda t: (t[0], t[1]))
+        if best is None or (short, key) < best[:2]:
+            best = (short, key, plan)
+    short, _, plan = best
     cap_gib = walk.capacity_bytes / GiB
     fixes = [f"use more GPUs (e.g. {2 * spec.num_gpus})", "a shorter sequence or smaller global batch"]
     if plan.recompute.mode != "full" or plan.recompute.num_layers is not None:
