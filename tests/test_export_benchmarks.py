@@ -85,3 +85,29 @@ def test_every_searchable_plan_is_expressible_in_megatron(model, gpus, seq, batc
         pf = plan_file_for(model, "dgx-h100", gpus, plan, estimate(g, c, plan, p))
         export(pf, "megatron")  # raises ExportError on anything Megatron would refuse
         assert megatron_violations(parse_megatron_argv(megatron_args(pf)), gpus) == []
+
+
+@pytest.mark.parametrize("framework,model,gpus,seq,batch", [
+    ("deepspeed", "llama3-8b", 16, 4096, 64), ("deepspeed", "gpt3-175b", 64, 2048, 128),
+    ("torchtitan", "llama3-70b", 64, 8192, 128), ("torchtitan", "qwen3-30b-a3b", 32, 4096, 64)])
+def test_every_searchable_plan_is_expressible_in_its_framework(framework, model, gpus, seq, batch):
+    """With --framework deepspeed/torchtitan the search filters by the exporter's own refusals."""
+    from autopar.api import load_model
+    from autopar.cost.params import cost_model_for_gpu
+    from autopar.cost.step import estimate
+    from autopar.hardware import load_cluster
+    from autopar.search import candidates, space_spec_for
+
+    g, c = load_model(model), load_cluster("dgx-h100", gpus)
+    p = cost_model_for_gpu(c.gpu_name)[1]
+    plans = candidates(space_spec_for(g, c, seq, batch, framework=framework))
+    assert plans
+    for plan in plans[:: max(1, len(plans) // 60)]:
+        assert export(plan_file_for(model, "dgx-h100", gpus, plan, estimate(g, c, plan, p)), framework)
+
+
+def test_torchtitan_search_refuses_models_it_cannot_build():
+    from autopar.errors import NoFeasiblePlanError
+
+    with pytest.raises(NoFeasiblePlanError, match="config_registry"):
+        search_plans("gpt3-175b", "dgx-h100", 64, 2048, 128, framework="torchtitan")

@@ -50,3 +50,25 @@ def export(pf: PlanFile, fmt: str) -> dict[str, str]:
     if exporter is None:
         raise ExportError(f"unknown export format {fmt!r}; choose one of {', '.join(EXPORT_FORMATS)}")
     return exporter(pf)
+
+
+def framework_refusals(spec, gpus: int, plan) -> list[str]:
+    """Why `plan.framework` cannot express `plan` for model `spec` on `gpus` GPUs (empty = it can):
+    the exporters' own refusal rules, which the search applies as a filter so that it never emits
+    a plan the target framework refuses. Megatron's rules are the plan validator's (tested by
+    exporting sampled search spaces)."""
+    from autopar.export.deepspeed import deepspeed_refusals
+    from autopar.export.torchtitan import _config_for, torchtitan_refusals
+    from autopar.schema.plan_file import PlanTarget
+
+    if plan.framework == "megatron":
+        return []
+    pf = PlanFile(autopar_version="", target=PlanTarget(model=spec.name, model_spec=spec, cluster="-", gpus=gpus),
+                  parallel=plan)
+    if plan.framework == "deepspeed":
+        return deepspeed_refusals(pf, plan)
+    try:
+        _config_for(pf, plan)
+    except ExportError as exc:
+        return [str(exc)]
+    return torchtitan_refusals(pf, plan)

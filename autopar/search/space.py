@@ -58,6 +58,7 @@ class SpaceSpec:
     precision: str = "bf16"
     fix: dict[str, Any] = field(default_factory=dict)
     max_tp: int | None = None
+    model_spec: Any = None  # the ModelSpec, for the target framework's expressibility rules
 
     def validator_kwargs(self) -> dict[str, int]:
         return dict(num_gpus=self.num_gpus, num_layers=self.num_layers, num_heads=self.num_heads,
@@ -70,7 +71,8 @@ def space_spec_for(graph, cluster, seq_len: int, global_batch: int, *, framework
     return SpaceSpec(num_gpus=cluster.num_gpus, gpus_per_node=cluster.gpus_per_node, num_layers=s.num_layers,
                      num_heads=s.num_attention_heads, num_kv_heads=s.kv_heads,
                      num_experts=s.moe.num_experts if s.moe else 0, seq_len=seq_len, global_batch=global_batch,
-                     framework=framework, precision=precision, fix=normalize_fix(fix or {}), max_tp=max_tp)
+                     framework=framework, precision=precision, fix=normalize_fix(fix or {}), max_tp=max_tp,
+                     model_spec=s)
 
 
 def normalize_fix(fix: dict[str, Any]) -> dict[str, Any]:
@@ -185,7 +187,13 @@ def raw_candidates(spec: SpaceSpec) -> Iterator[ParallelPlan]:
                                     yield ParallelPlan(
                                         tp=tp, pp=pp, cp=cp, ep=ep, etp=etp, vpp=vpp, mbs=mbs,
                                         global_batch=spec.global_batch, seq_len=spec.seq_len, zero=zero, sp=sp,
-                                        recompute=recompute, precision=spec.precision, framework=spec.framework)
+                                        recompute=recompute, precision=spec.precision, framework=spec.framework,
+                                        cp_comm_type=_CP_COMM_TYPE[spec.framework])
+
+
+# How each framework exchanges K/V under context parallelism: Megatron's ring (p2p) by default,
+# torchtitan all-gathers K/V (torch's context_parallel), DeepSpeed has no CP.
+_CP_COMM_TYPE = {"megatron": "p2p", "deepspeed": "p2p", "torchtitan": "allgather"}
 
 
 def candidates(spec: SpaceSpec) -> list[ParallelPlan]:
@@ -193,8 +201,15 @@ def candidates(spec: SpaceSpec) -> list[ParallelPlan]:
     `fix`: it quotes the validator on a pinned combination) or NoFeasiblePlanError (without)."""
     out, first_problem = [], None
     kwargs = spec.validator_kwargs()
+    refusals = None
+    if spec.framework != "megatron" and spec.model_spec is not None:
+        from autopar.export import framework_refusals
+
+        refusals = framework_refusals
     for plan in raw_candidates(spec):
         problems = plan_violations(plan, **kwargs)
+        if not problems and refusals is not None:
+            problems = refusals(spec.model_spec, spec.num_gpus, plan)
         if problems:
             first_problem = first_problem or problems
             continue
