@@ -5,23 +5,45 @@ Every AutoparError becomes one line on stderr and exit code 2; no traceback reac
 
 from __future__ import annotations
 
-import json
+import importlib
 import sys
 from typing import Annotated, Any, Callable, Optional
 
 import typer
-from rich.console import Console
 
-from autopar import api
 from autopar.errors import AutoparError
-from autopar.report import tables
 
-app = typer.Typer(add_completion=False, no_args_is_help=True, pretty_exceptions_enable=False,
+
+class _Lazy:
+    """A module imported on first attribute access: `autopar --help` and `autopar models` must not
+    pay for the cost model, NumPy, Rich consoles or OR-Tools (issue 15: start-up under 0.25 s)."""
+
+    def __init__(self, name: str, make: Callable[[], Any] | None = None) -> None:
+        self._name, self._make, self._obj = name, make, None
+
+    def __getattr__(self, attr: str) -> Any:
+        if self._obj is None:
+            self._obj = self._make() if self._make else importlib.import_module(self._name)
+        return getattr(self._obj, attr)
+
+
+def _console(**kwargs: Any) -> Callable[[], Any]:
+    def make() -> Any:
+        from rich.console import Console
+
+        return Console(highlight=False, **kwargs)
+    return make
+
+
+api: Any = _Lazy("autopar.api")
+tables: Any = _Lazy("autopar.report.tables")
+
+app = typer.Typer(add_completion=False, no_args_is_help=True, pretty_exceptions_enable=False, rich_markup_mode=None,
                   help="autopar: plan how to split an LLM over GPUs, before a GPU is touched.")
-out = Console(highlight=False, width=None if sys.stdout.isatty() else 120)
-err = Console(stderr=True, highlight=False)
+out: Any = _Lazy("out", _console(width=None if sys.stdout.isatty() else 120))
+err: Any = _Lazy("err", _console(stderr=True))
 
-ModelArg = Annotated[str, typer.Argument(help="A preset name (see `autopar models`), a Hugging Face config.json, or a YAML layer-graph file.")]
+ModelArg = Annotated[str, typer.Argument(metavar="MODEL", help="A preset name (see `autopar models`), a Hugging Face config.json, or a YAML layer-graph file.")]
 ClusterOpt = Annotated[str, typer.Option("--cluster", "-c", help="A cluster profile name (see `autopar clusters`) or a YAML file.")]
 GpusOpt = Annotated[int, typer.Option("--gpus", "-n", help="Number of GPUs; must fill whole nodes unless it is less than one node.")]
 SeqOpt = Annotated[Optional[int], typer.Option("--seq-len", "-s", help="Sequence length in tokens; default: the model's.")]
@@ -46,6 +68,8 @@ def _run(fn: Callable[[], Any]) -> Any:
 
 
 def _emit_json(data: Any) -> None:
+    import json
+
     sys.stdout.write(json.dumps(data, indent=2, sort_keys=False, default=_json_default) + "\n")
 
 
@@ -58,7 +82,9 @@ def _json_default(obj: Any) -> Any:
 @app.command()
 def models(as_json: JsonOpt = False) -> None:
     """List the model presets."""
-    rows = _run(api.models)
+    from autopar.catalog import model_rows  # what api.models returns, without importing the cost model
+
+    rows = _run(model_rows)
     if as_json:
         _emit_json({"models": rows})
     else:

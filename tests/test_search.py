@@ -111,15 +111,16 @@ def _random_recompute_problem(rng) -> RecomputeProblem:
         num_microbatches=int(rng.integers(1, 9)), vpp=int(rng.choice([1, 1, 2, 3])))
 
 
+@pytest.mark.parametrize("method", ["stagewise", "cp-sat"])
 @pytest.mark.parametrize("seed", range(60))
-def test_recompute_ilp_equals_brute_force(seed):
+def test_recompute_ilp_equals_brute_force(seed, method):
     pb = _random_recompute_problem(np.random.default_rng(seed))
     brute = brute_force_recompute(pb)
     if brute is None:
         with pytest.raises(NoFeasiblePlanError, match="full recompute"):
-            solve_recompute(pb)
+            solve_recompute(pb, method)
         return
-    sol = solve_recompute(pb)
+    sol = solve_recompute(pb, method)
     assert sol.status == "OPTIMAL"
     assert sol.objective_ns == brute
 
@@ -145,7 +146,7 @@ def test_recompute_ilp_on_real_tables_equals_brute_force_and_maps_to_a_fitting_p
         if brute is None:
             continue
         sol = solve_recompute(pb)
-        assert sol.objective_ns == brute
+        assert sol.objective_ns == brute == solve_recompute(pb, "cp-sat").objective_ns
         mapped = plan.model_copy(update={"recompute": sol.to_recompute()})
         assert not plan_violations(mapped, **spec.validator_kwargs())
 
