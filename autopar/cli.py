@@ -314,19 +314,23 @@ def plan(
     result = _run(run)
     exported: dict[str, str] = {}
     if export_fmt:
-        best_plan, best_est = result.plans[0]
+        best_plan, best_est = result.chosen
         exported = _run(lambda: api.export_plan(model, cluster, gpus, best_plan, best_est, export_fmt, cost_model))
     if out_path:
         from pathlib import Path
 
         from autopar.schema.plan_file import write_plan_file
 
-        best_plan, best_est = result.plans[0]
+        best_plan, best_est = result.chosen
         plan_json = Path(out_path) / "plan.json" if export_fmt else Path(out_path)
         plan_json.parent.mkdir(parents=True, exist_ok=True)
         write_plan_file(plan_json, api.plan_file_for(model, cluster, gpus, best_plan, best_est, cost_model))
     if as_json:
-        _emit_json({"plans": [api.plan_entry(p, e, gpus) for p, e in result.plans],
+        _emit_json({"plans": [{**api.plan_entry(p, e, gpus), "equivalent_to_best": result.equivalent_to_best(e)}
+                              for p, e in result.plans],
+                    "alternatives": [{**api.plan_entry(r.plan, r.estimate, gpus),
+                                      "equivalent_to_best": r.equivalent_to_best} for r in result.alternatives],
+                    "equivalence_band": result.band,
                     "search": {"candidates": result.candidates, "pruned": result.pruned, "scored": result.scored,
                                "feasible": result.feasible, "refined": result.refined, "time_s": result.time_s}})
         return
@@ -335,7 +339,7 @@ def plan(
         out.print(f"wrote {out_path}" + ("/plan.json" if export_fmt else ""))
     if exported:
         _emit_files(exported, out_path)
-    best_plan, best_est = result.plans[0]
+    best_plan, best_est = result.chosen
     margin = memory_margin if memory_margin is not None else 0.1
     if explain_best:
         from autopar.report.explain import explain as run_explain, render_explanation

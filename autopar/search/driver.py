@@ -36,6 +36,7 @@ from autopar.schema.plan import FRAMEWORK_ZERO_STAGES, ParallelPlan, Recompute, 
 from autopar.search.costs import Pricer, stage_inputs, stage_memory_model
 from autopar.search.ilp import recompute_problem, solve_recompute
 from autopar.search.partition import partition_layers
+from autopar.search.rank import Row, distinct_rows, equivalence_band, family
 from autopar.search.space import DEFAULT_MEMORY_MARGIN, SpaceSpec, candidates, space_spec_for
 from autopar.units import GiB
 
@@ -63,10 +64,22 @@ class SearchResult:
     refined: int = 0
     num_gpus: int = 0
     notes: list[str] = field(default_factory=list)
+    alternatives: list[Row] = field(default_factory=list)  # autopar.search.rank: distinct rows for reading
+    band: float = 0.0  # relative step-time band of "equivalent within the model's error"
 
     @property
     def best(self) -> tuple[ParallelPlan, Estimate]:
         return self.plans[0]
+
+    @property
+    def chosen(self) -> tuple[ParallelPlan, Estimate]:
+        """The plan to run: the first alternative (the simplest of those equivalent to the fastest)."""
+        if self.alternatives:
+            return self.alternatives[0].plan, self.alternatives[0].estimate
+        return self.plans[0]
+
+    def equivalent_to_best(self, est: Estimate) -> bool:
+        return est.step_time_s <= self.plans[0][1].step_time_s * (1.0 + self.band)
 
 
 def plan_key(plan: ParallelPlan) -> tuple:
@@ -79,11 +92,16 @@ def plan_key(plan: ParallelPlan) -> tuple:
 
 @dataclass
 class _Walk:
-    """Mutable state of one branch-and-bound walk."""
+    """Mutable state of one branch-and-bound walk. `best` holds every fitting plan priced, fastest
+    first; the walk may stop once a bound passes `kth_s`: the larger of the band edge of the fastest
+    (every plan equivalent to it is needed to rank them by simplicity) and the best time of the
+    top-th distinct family (autopar.search.rank.family)."""
 
     top: int
     capacity_bytes: float
+    band: float = 0.0
     best: list[tuple[float, tuple, ParallelPlan, Estimate]] = field(default_factory=list)
+    family_to_s: dict[tuple, float] = field(default_factory=dict)
     visited: list[tuple[float, tuple, ParallelPlan]] = field(default_factory=list)
     shortfalls: list[tuple[float, tuple, ParallelPlan, bool]] = field(default_factory=list)  # (bytes, key, plan, exact)
     seen: set = field(default_factory=set)
@@ -93,9 +111,7 @@ class _Walk:
     pruned_time: int = 0
     pruned_memory: int = 0
 
-    @property
-    def kth_s(self) -> float:
-        return self.best[self.top - 1][0] if len(self.best) >= self.top else math.inf
+    kth_s: float = math.inf
 
     def add(self, plan: ParallelPlan, est: Estimate) -> None:
         key = plan_key(plan)
@@ -103,7 +119,11 @@ class _Walk:
             return
         self.seen.add(key)
         bisect.insort(self.best, (est.step_time_s, key, plan, est), key=lambda x: (x[0], x[1]))
-        del self.best[self.top:]
+        fam = family(plan)
+        self.family_to_s[fam] = min(self.family_to_s.get(fam, math.inf), est.step_time_s)
+        times = sorted(self.family_to_s.values())
+        kth = times[self.top - 1] if len(times) >= self.top else math.inf
+        self.kth_s = max(kth, self.best[0][0] * (1.0 + self.band))
 
 
 def search(model: str, cluster: str, gpus: int, seq_len: int, global_batch: int, *, top: int = 5,
@@ -134,14 +154,16 @@ def search_graph(graph: ModelGraph, cluster: Cluster, p: CostParams, spec: Space
     start = time.perf_counter()
     plans = candidates(spec)
     pricer = Pricer(graph, cluster, p)
-    walk = _Walk(top=top, capacity_bytes=cluster.hbm_bytes * (1.0 - memory_margin))
+    band = equivalence_band()
+    walk = _Walk(top=top, capacity_bytes=cluster.hbm_bytes * (1.0 - memory_margin), band=band)
     _branch_and_bound(plans, pricer, walk, memory_margin, progress)
     if refine:
         _refine(spec, pricer, walk, memory_margin, progress)
     if not walk.best:
         raise NoFeasiblePlanError(_nothing_fits_message(spec, pricer, walk, memory_margin))
+    found = [(plan, est) for _, _, plan, est in walk.best]
     return SearchResult(
-        plans=[(plan, est) for _, _, plan, est in walk.best], candidates=len(plans),
+        plans=found[:top], alternatives=distinct_rows(found, top, band), band=band, candidates=len(plans),
         pruned=walk.pruned_time + walk.pruned_memory, scored=walk.scored, feasible=walk.feasible,
         time_s=time.perf_counter() - start, pruned_time=walk.pruned_time, pruned_memory=walk.pruned_memory,
         refined=walk.refined, num_gpus=cluster.num_gpus)
@@ -157,7 +179,7 @@ def refine_plan(graph: ModelGraph, cluster: Cluster, p: CostParams, plan: Parall
     walk = _Walk(top=8, capacity_bytes=cluster.hbm_bytes * (1.0 - memory_margin))
     for variant in _variants(spec, pricer, plan, memory_margin):
         _score_refined(spec, pricer, walk, variant, memory_margin)
-    return [(x, est) for _, _, x, est in walk.best]
+    return [(x, est) for _, _, x, est in walk.best][:8]
 
 
 def _branch_and_bound(plans: list[ParallelPlan], pricer: Pricer, walk: _Walk, memory_margin: float,
