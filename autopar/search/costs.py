@@ -115,6 +115,8 @@ class Pricer:
         self._key_to_crosses: dict[tuple, bool] = {}
         self._key_to_states: dict[tuple, tuple[float, float]] = {}
         self._key_to_extremes: dict[tuple, list[float]] = {}
+        self._key_to_params: dict[tuple, tuple[float, float]] = {}
+        self._key_to_bound: dict[tuple, float] = {}
 
     def table(self, plan: ParallelPlan) -> LayerTable:
         key = split_key(plan)
@@ -130,7 +132,15 @@ class Pricer:
 
     def time_lower_bound_s(self, plan: ParallelPlan) -> float:
         """≤ estimate(plan).step_time_s: the estimate's own pipeline closed form over the exact
-        per-rank forward + backward (+ recompute) sums, plus p2p; DP sync and optimizer left out."""
+        per-rank forward + backward (+ recompute) sums, plus p2p; DP sync and optimizer left out.
+        The same for every ZeRO stage (it prices no DP or optimizer term), so cached without it."""
+        r = plan.recompute
+        key = (split_key(plan), r.mode, r.num_layers, plan.pp, plan.vpp, plan.layers_per_stage, plan.global_batch)
+        if key not in self._key_to_bound:
+            self._key_to_bound[key] = self._time_lower_bound_s(plan)
+        return self._key_to_bound[key]
+
+    def _time_lower_bound_s(self, plan: ParallelPlan) -> float:
         ranks = self._rank_times(plan)
         m = plan.num_microbatches(self.cluster.num_gpus)
         pipe, _ = pipeline_step_s(ranks, [0.0] * len(ranks), m, plan.vpp, 0.0)
@@ -186,6 +196,26 @@ class Pricer:
             self._key_to_states[key] = (sum(memory.model_state_bytes(1.0, fw, plan.zero, shard).values()),
                                         sum(memory.model_state_bytes(1.0, fw, plan.zero, expert_shard).values()))
         return self._key_to_states[key]
+
+    def param_sums(self, plan: ParallelPlan) -> tuple[float, float]:
+        """(dense, routed-expert) parameters on one GPU summed over the whole graph, by the
+        estimate's `stage_params`; they depend on tp, ep and etp only (= LayerTable.sums)."""
+        key = (plan.tp, plan.ep, plan.expert_tp)
+        if key not in self._key_to_params:
+            layers = self.graph.layers
+            parts = [stage_params([layer], plan, False, layers[0])[:2] for layer in layers]
+            self._key_to_params[key] = (float(np.sum([d for d, _ in parts])), float(np.sum([e for _, e in parts])))
+        return self._key_to_params[key]
+
+    def states_lower_bound_bytes(self, plan: ParallelPlan) -> float:
+        """The mean rank's model states (weights, grads, optimizer after ZeRO) with the estimate's
+        overheads, no activations: ≤ quick_memory_lower_bound_bytes, and the same for every micro
+        batch, vpp, recompute and layer split of the plan's degrees and ZeRO stage."""
+        per_dense, per_expert = self._state_bytes_per_param(plan)
+        dense, expert = self.param_sums(plan)
+        p = self.p
+        return memory.with_overheads((per_dense * dense + per_expert * expert) / plan.pp, p.cuda_context_bytes,
+                                     p.comm_buffer_bytes, p.fragmentation)
 
     def memory_lower_bound_bytes(self, plan: ParallelPlan) -> float:
         """Peak of ranks 0 and pp − 1 by the estimate's own `rank_memory`: ≤ estimate's peak."""

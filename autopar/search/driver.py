@@ -103,7 +103,7 @@ class _Walk:
     best: list[tuple[float, tuple, ParallelPlan, Estimate]] = field(default_factory=list)
     family_to_s: dict[tuple, float] = field(default_factory=dict)
     visited: list[tuple[float, tuple, ParallelPlan]] = field(default_factory=list)
-    shortfalls: list[tuple[float, tuple, ParallelPlan, bool]] = field(default_factory=list)  # (bytes, key, plan, exact)
+    shortfalls: list[tuple[float, ParallelPlan, bool]] = field(default_factory=list)  # (bytes over, plan, exact)
     seen: set = field(default_factory=set)
     scored: int = 0
     feasible: int = 0
@@ -192,12 +192,17 @@ def _branch_and_bound(plans: list[ParallelPlan], pricer: Pricer, walk: _Walk, me
     their order, are those of bounding every plan up front."""
     heap: list[tuple[float, int, tuple, object]] = []
     for key, members in _mbs_groups(plans, pricer).items():
+        low = pricer.states_lower_bound_bytes(members[0])  # equal for every member of the group
+        if low > walk.capacity_bytes:  # no micro batch, recompute or split makes it fit: drop the group
+            walk.pruned_memory += len(members)
+            walk.shortfalls.extend((low - walk.capacity_bytes, plan, False) for plan in members)
+            continue
         if len(members) == 1:
             heap.append((pricer.time_lower_bound_s(members[0]), 1, plan_key(members[0]), members[0]))
         else:
             heap.append((pricer.group_bound_s(max(members, key=lambda x: x.mbs)), 0, key, members))
     heapq.heapify(heap)
-    done = 0
+    dropped, done = walk.pruned_memory, 0
     while heap:
         bound, is_plan, key, item = heapq.heappop(heap)
         if bound > walk.kth_s:
@@ -210,7 +215,9 @@ def _branch_and_bound(plans: list[ParallelPlan], pricer: Pricer, walk: _Walk, me
         if progress and done % 64 == 0:
             progress("score", done, len(plans))
         _visit(item, bound, key, pricer, walk, memory_margin)
-    walk.pruned_time = len(plans) - done
+    walk.pruned_time = len(plans) - dropped - done
+    if progress:
+        progress("score", len(plans), len(plans))  # every candidate is now scored or pruned
 
 
 def _mbs_groups(plans: list[ParallelPlan], pricer: Pricer) -> dict[tuple, list[ParallelPlan]]:
@@ -231,7 +238,7 @@ def _visit(plan: ParallelPlan, bound: float, key: tuple, pricer: Pricer, walk: _
         low = pricer.memory_lower_bound_bytes(plan)
     if low > walk.capacity_bytes:
         walk.pruned_memory += 1
-        walk.shortfalls.append((low - walk.capacity_bytes, key, plan, False))
+        walk.shortfalls.append((low - walk.capacity_bytes, plan, False))
         return
     est = estimate(pricer.graph, pricer.cluster, plan, pricer.p, memory_margin)
     walk.scored += 1
@@ -239,7 +246,7 @@ def _visit(plan: ParallelPlan, bound: float, key: tuple, pricer: Pricer, walk: _
         walk.feasible += 1
         walk.add(plan, est)
     else:
-        walk.shortfalls.append((est.peak_memory_bytes - walk.capacity_bytes, key, plan, True))
+        walk.shortfalls.append((est.peak_memory_bytes - walk.capacity_bytes, plan, True))
 
 
 def _refine(spec: SpaceSpec, pricer: Pricer, walk: _Walk, memory_margin: float, progress: Progress | None) -> None:
@@ -248,7 +255,7 @@ def _refine(spec: SpaceSpec, pricer: Pricer, walk: _Walk, memory_margin: float, 
     if walk.best:
         pool = [x for _, _, x in walk.visited if x.recompute.mode != "full"]
     else:  # nothing fits yet: try the candidates closest to fitting
-        pool = [x for _, _, x, _ in sorted(walk.shortfalls, key=lambda t: (t[0], t[1]))]
+        pool = [x for _, x, _ in sorted(walk.shortfalls, key=lambda t: (t[0], plan_key(t[1])))]
     limit, done = max(REFINE_POOL, walk.top), 0
     for plan in pool:
         if done >= limit:
@@ -319,7 +326,8 @@ def _nothing_fits_message(spec: SpaceSpec, pricer: Pricer, walk: _Walk, memory_m
     # Best-first over lower bounds: a bound is re-priced exactly only while it could still beat the
     # best exact shortfall found, so the plan named is the true closest among those visited.
     best: tuple[float, tuple, ParallelPlan] | None = None
-    for short, key, plan, is_exact in sorted(walk.shortfalls, key=lambda t: (t[0], t[1])):
+    for short, plan, is_exact in sorted(walk.shortfalls, key=lambda t: (t[0], plan_key(t[1]))):
+        key = plan_key(plan)
         if best is not None and (short, key) >= best[:2]:
             break
         if not is_exact:

@@ -173,8 +173,9 @@ def model_parallel_degrees(spec: SpaceSpec) -> Iterator[tuple[int, int, int, int
                 yield tp, pp, cp, dp
 
 
-def raw_candidates(spec: SpaceSpec) -> Iterator[ParallelPlan]:
-    """Every combination the generators produce, before the validator."""
+def _recompute_free(spec: SpaceSpec) -> Iterator[ParallelPlan]:
+    """One plan per combination of every axis but recompute (which the validator never reads)."""
+    first = recompute_options(spec)[0]
     for tp, pp, cp, dp in model_parallel_degrees(spec):
         for mbs in mbs_options(spec, dp):
             m = spec.global_batch // (dp * mbs) if dp * mbs else 0
@@ -183,12 +184,11 @@ def raw_candidates(spec: SpaceSpec) -> Iterator[ParallelPlan]:
                     for vpp in vpp_options(spec, pp, m):
                         for zero in zero_options(spec):
                             for sp in sp_options(spec, tp):
-                                for recompute in recompute_options(spec):
-                                    yield ParallelPlan(
-                                        tp=tp, pp=pp, cp=cp, ep=ep, etp=etp, vpp=vpp, mbs=mbs,
-                                        global_batch=spec.global_batch, seq_len=spec.seq_len, zero=zero, sp=sp,
-                                        recompute=recompute, precision=spec.precision, framework=spec.framework,
-                                        cp_comm_type=_CP_COMM_TYPE[spec.framework])
+                                yield ParallelPlan(
+                                    tp=tp, pp=pp, cp=cp, ep=ep, etp=etp, vpp=vpp, mbs=mbs,
+                                    global_batch=spec.global_batch, seq_len=spec.seq_len, zero=zero, sp=sp,
+                                    recompute=first, precision=spec.precision, framework=spec.framework,
+                                    cp_comm_type=_CP_COMM_TYPE[spec.framework])
 
 
 # How each framework exchanges K/V under context parallelism: Megatron's ring (p2p) by default,
@@ -206,14 +206,18 @@ def candidates(spec: SpaceSpec) -> list[ParallelPlan]:
         from autopar.export import framework_refusals
 
         refusals = framework_refusals
-    for plan in raw_candidates(spec):
-        problems = plan_violations(plan, **kwargs)
-        if not problems and refusals is not None:
-            problems = refusals(spec.model_spec, spec.num_gpus, plan)
+    options = recompute_options(spec)
+    for base in _recompute_free(spec):  # the validator does not read recompute: validate once
+        problems = plan_violations(base, **kwargs)
         if problems:
             first_problem = first_problem or problems
             continue
-        out.append(plan)
+        for plan in [base, *(base.model_copy(update={"recompute": r}) for r in options[1:])]:
+            problems = refusals(spec.model_spec, spec.num_gpus, plan) if refusals is not None else None
+            if problems:
+                first_problem = first_problem or problems
+                continue
+            out.append(plan)
     if not out:
         pinned = ", ".join(f"{k}={v.label() if isinstance(v, Recompute) else v}" for k, v in spec.fix.items())
         why = "; ".join(first_problem) if first_problem else _why_empty(spec)
