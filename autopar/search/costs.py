@@ -38,6 +38,7 @@ from autopar.cost.step import (
 from autopar.hardware import Cluster
 from autopar.model.graph import ModelGraph
 from autopar.schema.plan import ParallelPlan, Recompute
+from autopar.search.space import as_plan
 
 MODES = ("none", "selective", "full")
 
@@ -121,13 +122,13 @@ class Pricer:
     def table(self, plan: ParallelPlan) -> LayerTable:
         key = split_key(plan)
         if key not in self._key_to_table:
-            self._key_to_table[key] = layer_table(self.graph, self.cluster, plan, self.p)
+            self._key_to_table[key] = layer_table(self.graph, self.cluster, as_plan(plan), self.p)
         return self._key_to_table[key]
 
     def _pp_crosses_nodes(self, plan: ParallelPlan) -> bool:
         key = (plan.tp, plan.cp, plan.pp)
         if key not in self._key_to_crosses:
-            self._key_to_crosses[key] = setup(self.graph, self.cluster, plan, self.p).pp_crosses_nodes
+            self._key_to_crosses[key] = setup(self.graph, self.cluster, as_plan(plan), self.p).pp_crosses_nodes
         return self._key_to_crosses[key]
 
     def time_lower_bound_s(self, plan: ParallelPlan) -> float:
@@ -189,7 +190,7 @@ class Pricer:
         cost model's DP group (dp·cp, `setup`'s dp_span); experts shard over the expert DP group (edp)."""
         key = (plan.tp, plan.cp, plan.pp, plan.ep, plan.expert_tp, plan.zero, plan.zero_shard_size)
         if key not in self._key_to_states:
-            st = setup(self.graph, self.cluster, plan, self.p)
+            st = setup(self.graph, self.cluster, as_plan(plan), self.p)
             shard = plan.zero_shard_size or st.dp_span.size
             expert_shard = min(plan.zero_shard_size, st.edp) if plan.zero_shard_size else st.edp
             fw = plan.framework

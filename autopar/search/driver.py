@@ -37,7 +37,7 @@ from autopar.search.costs import Pricer, stage_inputs, stage_memory_model
 from autopar.search.ilp import recompute_problem, solve_recompute
 from autopar.search.partition import partition_layers
 from autopar.search.rank import Row, distinct_rows, equivalence_band, family
-from autopar.search.space import DEFAULT_MEMORY_MARGIN, SpaceSpec, candidates, space_spec_for
+from autopar.search.space import DEFAULT_MEMORY_MARGIN, SpaceSpec, as_plan, candidate_drafts, space_spec_for
 from autopar.units import GiB
 
 Progress = Callable[[str, int, int], None]  # (phase, done, total); phases: score, refine
@@ -152,7 +152,7 @@ def search_graph(graph: ModelGraph, cluster: Cluster, p: CostParams, spec: Space
                  refine: bool = True) -> SearchResult:
     """`search` on loaded inputs (the form tests and notebooks with custom graphs use)."""
     start = time.perf_counter()
-    plans = candidates(spec)
+    plans = candidate_drafts(spec)
     pricer = Pricer(graph, cluster, p)
     band = equivalence_band()
     walk = _Walk(top=top, capacity_bytes=cluster.hbm_bytes * (1.0 - memory_margin), band=band)
@@ -231,7 +231,8 @@ def _mbs_groups(plans: list[ParallelPlan], pricer: Pricer) -> dict[tuple, list[P
     return groups
 
 
-def _visit(plan: ParallelPlan, bound: float, key: tuple, pricer: Pricer, walk: _Walk, memory_margin: float) -> None:
+def _visit(draft, bound: float, key: tuple, pricer: Pricer, walk: _Walk, memory_margin: float) -> None:
+    plan = draft.to_plan()
     walk.visited.append((bound, key, plan))
     low = pricer.quick_memory_lower_bound_bytes(plan)
     if low <= walk.capacity_bytes:
@@ -255,7 +256,7 @@ def _refine(spec: SpaceSpec, pricer: Pricer, walk: _Walk, memory_margin: float, 
     if walk.best:
         pool = [x for _, _, x in walk.visited if x.recompute.mode != "full"]
     else:  # nothing fits yet: try the candidates closest to fitting
-        pool = [x for _, x, _ in sorted(walk.shortfalls, key=lambda t: (t[0], plan_key(t[1])))]
+        pool = [as_plan(x) for _, x, _ in sorted(walk.shortfalls, key=lambda t: (t[0], plan_key(t[1])))]
     limit, done = max(REFINE_POOL, walk.top), 0
     for plan in pool:
         if done >= limit:
@@ -331,7 +332,7 @@ def _nothing_fits_message(spec: SpaceSpec, pricer: Pricer, walk: _Walk, memory_m
         if best is not None and (short, key) >= best[:2]:
             break
         if not is_exact:
-            est = estimate(pricer.graph, pricer.cluster, plan, pricer.p, memory_margin)
+            est = estimate(pricer.graph, pricer.cluster, as_plan(plan), pricer.p, memory_margin)
             short = est.peak_memory_bytes - walk.capacity_bytes
         if best is None or (short, key) < best[:2]:
             best = (short, key, plan)

@@ -24,7 +24,7 @@ from __future__ import annotations
 import math
 from collections.abc import Iterator
 from dataclasses import dataclass, field
-from typing import Any
+from typing import Any, NamedTuple
 
 from autopar.errors import InvalidPlanError, NoFeasiblePlanError
 from autopar.schema.plan import FRAMEWORK_ZERO_STAGES, ParallelPlan, Recompute, plan_violations
@@ -173,9 +173,55 @@ def model_parallel_degrees(spec: SpaceSpec) -> Iterator[tuple[int, int, int, int
                 yield tp, pp, cp, dp
 
 
-def _recompute_free(spec: SpaceSpec) -> Iterator[ParallelPlan]:
-    """One plan per combination of every axis but recompute (which the validator never reads)."""
+_PLAN_ATTRS = vars(ParallelPlan)
+
+
+class Draft(NamedTuple):
+    """A candidate before it becomes a ParallelPlan: the searched axes and the spec's constants,
+    with ParallelPlan's own derived properties (borrowed, not re-implemented), so the one plan
+    validator and the search's bounds read it as they read a plan. Building a validated Pydantic
+    plan costs ~20 µs; the search makes one only for the candidates it visits (`to_plan`)."""
+
+    tp: int
+    pp: int
+    cp: int
+    ep: int
+    etp: int | None
+    vpp: int
+    mbs: int
+    zero: int
+    sp: bool | None
+    recompute: Recompute
+    global_batch: int
+    seq_len: int
+    precision: str
+    framework: str
+    cp_comm_type: str
+    # Fields the generators leave at ParallelPlan's defaults (class attributes, not tuple fields).
+    zero_shard_size = None
+    layers_per_stage = None
+    tp_comm_overlap = False
+
+    expert_tp = _PLAN_ATTRS["expert_tp"]
+    sequence_parallel = _PLAN_ATTRS["sequence_parallel"]
+    schedule = _PLAN_ATTRS["schedule"]
+    model_parallel_size = _PLAN_ATTRS["model_parallel_size"]
+    dp_for = _PLAN_ATTRS["dp_for"]
+    num_microbatches = _PLAN_ATTRS["num_microbatches"]
+    layout = _PLAN_ATTRS["layout"]
+
+    def to_plan(self) -> ParallelPlan:
+        return ParallelPlan(**self._asdict())
+
+
+def as_plan(plan: ParallelPlan | Draft) -> ParallelPlan:
+    return plan.to_plan() if isinstance(plan, Draft) else plan
+
+
+def _recompute_free(spec: SpaceSpec) -> Iterator[Draft]:
+    """One draft per combination of every axis but recompute (which the validator never reads)."""
     first = recompute_options(spec)[0]
+    consts = (spec.global_batch, spec.seq_len, spec.precision, spec.framework, _CP_COMM_TYPE[spec.framework])
     for tp, pp, cp, dp in model_parallel_degrees(spec):
         for mbs in mbs_options(spec, dp):
             m = spec.global_batch // (dp * mbs) if dp * mbs else 0
@@ -184,11 +230,7 @@ def _recompute_free(spec: SpaceSpec) -> Iterator[ParallelPlan]:
                     for vpp in vpp_options(spec, pp, m):
                         for zero in zero_options(spec):
                             for sp in sp_options(spec, tp):
-                                yield ParallelPlan(
-                                    tp=tp, pp=pp, cp=cp, ep=ep, etp=etp, vpp=vpp, mbs=mbs,
-                                    global_batch=spec.global_batch, seq_len=spec.seq_len, zero=zero, sp=sp,
-                                    recompute=first, precision=spec.precision, framework=spec.framework,
-                                    cp_comm_type=_CP_COMM_TYPE[spec.framework])
+                                yield Draft(tp, pp, cp, ep, etp, vpp, mbs, zero, sp, first, *consts)
 
 
 # How each framework exchanges K/V under context parallelism: Megatron's ring (p2p) by default,
@@ -199,6 +241,11 @@ _CP_COMM_TYPE = {"megatron": "p2p", "deepspeed": "p2p", "torchtitan": "allgather
 def candidates(spec: SpaceSpec) -> list[ParallelPlan]:
     """The flat list of valid candidates. When nothing is valid, raise InvalidPlanError (with
     `fix`: it quotes the validator on a pinned combination) or NoFeasiblePlanError (without)."""
+    return [d.to_plan() for d in candidate_drafts(spec)]
+
+
+def candidate_drafts(spec: SpaceSpec) -> list[Draft]:
+    """`candidates` as Drafts (the search's form: plans are built only for what it visits)."""
     out, first_problem = [], None
     kwargs = spec.validator_kwargs()
     refusals = None
@@ -212,12 +259,12 @@ def candidates(spec: SpaceSpec) -> list[ParallelPlan]:
         if problems:
             first_problem = first_problem or problems
             continue
-        for plan in [base, *(base.model_copy(update={"recompute": r}) for r in options[1:])]:
-            problems = refusals(spec.model_spec, spec.num_gpus, plan) if refusals is not None else None
+        for draft in [base, *(base._replace(recompute=r) for r in options[1:])]:
+            problems = refusals(spec.model_spec, spec.num_gpus, draft.to_plan()) if refusals is not None else None
             if problems:
                 first_problem = first_problem or problems
                 continue
-            out.append(plan)
+            out.append(draft)
     if not out:
         pinned = ", ".join(f"{k}={v.label() if isinstance(v, Recompute) else v}" for k, v in spec.fix.items())
         why = "; ".join(first_problem) if first_problem else _why_empty(spec)
