@@ -163,7 +163,7 @@ def test_ilp_solution_maps_onto_the_cost_models_uniform_recompute():
 # ----------------------------------------------------------------------------- cost views
 
 
-@pytest.mark.parametrize("seed", range(4))
+@pytest.mark.parametrize("seed", range(8))
 def test_bounds_never_exceed_the_estimate(seed):
     graph, cluster, p, seq, gbs = _instance(seed, moe=seed % 2 == 1)
     pricer = Pricer(graph, cluster, p)
@@ -172,6 +172,7 @@ def test_bounds_never_exceed_the_estimate(seed):
         assert pricer.time_lower_bound_s(plan) <= e.step_time_s * (1 + 1e-9)
         assert pricer.quick_memory_lower_bound_bytes(plan) <= e.peak_memory_bytes * (1 + 1e-9)
         assert pricer.memory_lower_bound_bytes(plan) <= e.peak_memory_bytes * (1 + 1e-9)
+        assert pricer.rank_memory_lower_bound_bytes(plan) <= pricer.memory_lower_bound_bytes(plan) * (1 + 1e-9)
         full_k = plan.model_copy(update={"recompute": Recompute(mode="full", num_layers=1)})
         assert pricer.time_lower_bound_s(full_k) <= estimate(graph, cluster, full_k, p).step_time_s * (1 + 1e-9)
 

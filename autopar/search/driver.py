@@ -182,34 +182,41 @@ def refine_plan(graph: ModelGraph, cluster: Cluster, p: CostParams, plan: Parall
     return [(x, est) for _, _, x, est in walk.best][:8]
 
 
-def _branch_and_bound(plans: list[ParallelPlan], pricer: Pricer, walk: _Walk, memory_margin: float,
+def _branch_and_bound(plans: list, pricer: Pricer, walk: _Walk, memory_margin: float,
                       progress: Progress | None) -> None:
     """Best-first over candidates by ascending time bound; stop when the bound passes the K-th best.
 
-    Plans that differ only in micro batch form a group whose bound needs one cost table (that of
-    its largest micro batch, see Pricer.group_bound_s); a group is expanded into per-plan bounds
-    only when it is popped, i.e. when it could still beat the K-th best. The plans visited, and
-    their order, are those of bounding every plan up front."""
+    Candidates are nested: a family (tp, pp, cp, ep, etp, ZeRO, sp) holds groups (its plans that
+    differ only in micro batch), which hold plans. A family is bounded by one cost table
+    (Pricer.family_bound_s) and dropped whole when its model states alone overflow memory; it is
+    expanded into group bounds (Pricer.group_bound_s), and a group into per-plan bounds, only when
+    popped, i.e. when it could still beat the K-th best. Each level's bound is ≤ those below it,
+    so the plans visited, and their order, are those of bounding every plan up front."""
     heap: list[tuple[float, int, tuple, object]] = []
-    for key, members in _mbs_groups(plans, pricer).items():
-        low = pricer.states_lower_bound_bytes(members[0])  # equal for every member of the group
-        if low > walk.capacity_bytes:  # no micro batch, recompute or split makes it fit: drop the group
+    for fkey, groups in _families(plans, pricer).items():
+        members = [plan for group in groups.values() for plan in group]
+        low = pricer.states_lower_bound_bytes(members[0])  # equal for every member of the family
+        if low > walk.capacity_bytes:  # no micro batch, vpp, recompute or split makes it fit: drop it
             walk.pruned_memory += len(members)
             walk.shortfalls.extend((low - walk.capacity_bytes, plan, False) for plan in members)
             continue
-        if len(members) == 1:
-            heap.append((pricer.time_lower_bound_s(members[0]), 1, plan_key(members[0]), members[0]))
-        else:
-            heap.append((pricer.group_bound_s(max(members, key=lambda x: x.mbs)), 0, key, members))
+        heap.append((pricer.family_bound_s(max(members, key=lambda x: x.mbs)), 0, fkey, groups))
     heapq.heapify(heap)
     dropped, done = walk.pruned_memory, 0
     while heap:
-        bound, is_plan, key, item = heapq.heappop(heap)
+        bound, level, key, item = heapq.heappop(heap)
         if bound > walk.kth_s:
             break
-        if not is_plan:
+        if level == 0:
+            for gkey, members in item.items():
+                if len(members) == 1:
+                    heapq.heappush(heap, (pricer.time_lower_bound_s(members[0]), 2, plan_key(members[0]), members[0]))
+                else:
+                    heapq.heappush(heap, (pricer.group_bound_s(max(members, key=lambda x: x.mbs)), 1, gkey, members))
+            continue
+        if level == 1:
             for plan in item:
-                heapq.heappush(heap, (pricer.time_lower_bound_s(plan), 1, plan_key(plan), plan))
+                heapq.heappush(heap, (pricer.time_lower_bound_s(plan), 2, plan_key(plan), plan))
             continue
         done += 1
         if progress and done % 64 == 0:
@@ -220,21 +227,32 @@ def _branch_and_bound(plans: list[ParallelPlan], pricer: Pricer, walk: _Walk, me
         progress("score", len(plans), len(plans))  # every candidate is now scored or pruned
 
 
-def _mbs_groups(plans: list[ParallelPlan], pricer: Pricer) -> dict[tuple, list[ParallelPlan]]:
-    """Plans keyed by every axis but the micro batch; with a profiled GEMM table (whose efficiency
-    need not grow with m) every plan is its own group, so every bound stays a true lower bound."""
-    groups: dict[tuple, list[ParallelPlan]] = {}
-    for plan in plans:
-        full = plan_key(plan)
-        key = full[:6] + full[7:] if not pricer.p.gemm_table else full  # plan_key()[6] is mbs
-        groups.setdefault(key, []).append(plan)
-    return groups
+def _families(plans: list, pricer: Pricer) -> dict[tuple, dict[tuple, list]]:
+    """Plans by family (tp, pp, cp, ep, etp, ZeRO, sp), then by group (every axis but the micro
+    batch). With a profiled GEMM table (whose efficiency need not grow with m) the micro batch
+    joins both keys, so that every bound stays a true lower bound."""
+    rec_order: dict[int, tuple] = {}
+    out: dict[tuple, dict[tuple, list]] = {}
+    per_mbs = bool(pricer.p.gemm_table)
+    for d in plans:
+        r = d.recompute
+        if id(r) not in rec_order:
+            rec_order[id(r)] = (_MODE_ORDER[r.mode], -1 if r.num_layers is None else r.num_layers, r.modules)
+        tp, sp, etp = d.tp, d.sp, d.etp  # expert_tp and sequence_parallel, inlined (hot loop)
+        fkey = (tp, d.pp, d.cp, d.ep, tp if etp is None else etp, d.zero, tp > 1 if sp is None else sp)
+        if per_mbs:
+            fkey += (d.mbs,)
+        gkey = fkey + (d.vpp,) + rec_order[id(r)]
+        out.setdefault(fkey, {}).setdefault(gkey, []).append(d)
+    return out
 
 
 def _visit(draft, bound: float, key: tuple, pricer: Pricer, walk: _Walk, memory_margin: float) -> None:
     plan = draft.to_plan()
     walk.visited.append((bound, key, plan))
     low = pricer.quick_memory_lower_bound_bytes(plan)
+    if low <= walk.capacity_bytes:
+        low = pricer.rank_memory_lower_bound_bytes(plan)
     if low <= walk.capacity_bytes:
         low = pricer.memory_lower_bound_bytes(plan)
     if low > walk.capacity_bytes:

@@ -259,7 +259,8 @@ def candidate_drafts(spec: SpaceSpec) -> list[Draft]:
         if problems:
             first_problem = first_problem or problems
             continue
-        for draft in [base, *(base._replace(recompute=r) for r in options[1:])]:
+        head, tail = base[:9], base[10:]  # Draft fields before and after recompute
+        for draft in [base, *(tuple.__new__(Draft, (*head, r, *tail)) for r in options[1:])]:
             problems = refusals(spec.model_spec, spec.num_gpus, draft.to_plan()) if refusals is not None else None
             if problems:
                 first_problem = first_problem or problems
