@@ -208,6 +208,13 @@ class Pricer:
         total = self.table(plan).time_sums["fb"]
         return total / plan.mbs / plan.pp * plan.global_batch / plan.dp_for(self.cluster.num_gpus)
 
+    def layout_bound_s(self, plan: ParallelPlan) -> float:
+        """≤ family_bound_s of every plan sharing `plan`'s tp, cp, ep, etp and sp with a micro batch
+        ≤ plan.mbs, whatever its pp, ZeRO, vpp or recompute: dp · pp = gpus / (tp · cp), so the
+        family bound (B/dp) · Σ t(b) / (pp · b) = B · tp · cp / gpus · Σ t(b) / b."""
+        total = self.table(plan).time_sums["fb"]
+        return total / plan.mbs * plan.global_batch * plan.tp * plan.cp / self.cluster.num_gpus
+
     def _rank_times(self, plan: ParallelPlan) -> list[float]:
         """Forward + backward + recompute per microbatch of each pipeline rank. A full(K)
         plan is charged the cheapest decoder's recompute for min(K, layers) layers of each stage."""

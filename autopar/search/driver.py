@@ -110,6 +110,7 @@ class _Walk:
     refined: int = 0
     pruned_time: int = 0
     pruned_memory: int = 0
+    pruned_memory_early: int = 0  # of pruned_memory: whole families dropped before any time bound
 
     kth_s: float = math.inf
 
@@ -186,64 +187,79 @@ def _branch_and_bound(plans: list, pricer: Pricer, walk: _Walk, memory_margin: f
                       progress: Progress | None) -> None:
     """Best-first over candidates by ascending time bound; stop when the bound passes the K-th best.
 
-    Candidates are nested: a family (tp, pp, cp, ep, etp, ZeRO, sp) holds groups (its plans that
-    differ only in micro batch), which hold plans. A family is bounded by one cost table
-    (Pricer.family_bound_s) and dropped whole when its model states alone overflow memory; it is
-    expanded into group bounds (Pricer.group_bound_s), and a group into per-plan bounds, only when
-    popped, i.e. when it could still beat the K-th best. Each level's bound is ≤ those below it,
-    so the plans visited, and their order, are those of bounding every plan up front."""
+    Candidates are nested: a layout (tp, cp, ep, etp, sp) holds families (+ pp, ZeRO), which hold
+    groups (their plans that differ only in micro batch), which hold plans. Layouts and families
+    are bounded by one summed cost table each (Pricer.layout_bound_s, family_bound_s), and a family
+    is dropped whole when its model states alone overflow memory; each level is expanded into the
+    bounds of the next (down to Pricer.time_lower_bound_s per plan) only when popped, i.e. when it
+    could still beat the K-th best. Each level's bound is ≤ those below it, so the plans visited,
+    and their order, are those of bounding every plan up front."""
     heap: list[tuple[float, int, tuple, object]] = []
-    for fkey, groups in _families(plans, pricer).items():
-        members = [plan for group in groups.values() for plan in group]
-        low = pricer.states_lower_bound_bytes(members[0])  # equal for every member of the family
-        if low > walk.capacity_bytes:  # no micro batch, vpp, recompute or split makes it fit: drop it
-            walk.pruned_memory += len(members)
-            walk.shortfalls.extend((low - walk.capacity_bytes, plan, False) for plan in members)
-            continue
-        heap.append((pricer.family_bound_s(max(members, key=lambda x: x.mbs)), 0, fkey, groups))
+    for lkey, families in _nest(plans, pricer).items():
+        heap.append((pricer.layout_bound_s(_largest_mbs(families)), 0, lkey, families))
     heapq.heapify(heap)
-    dropped, done = walk.pruned_memory, 0
+    done = 0
     while heap:
         bound, level, key, item = heapq.heappop(heap)
         if bound > walk.kth_s:
             break
         if level == 0:
+            for fkey, groups in item.items():
+                _push_family(heap, fkey, groups, pricer, walk)
+        elif level == 1:
             for gkey, members in item.items():
                 if len(members) == 1:
-                    heapq.heappush(heap, (pricer.time_lower_bound_s(members[0]), 2, plan_key(members[0]), members[0]))
+                    heapq.heappush(heap, (pricer.time_lower_bound_s(members[0]), 3, plan_key(members[0]), members[0]))
                 else:
-                    heapq.heappush(heap, (pricer.group_bound_s(max(members, key=lambda x: x.mbs)), 1, gkey, members))
-            continue
-        if level == 1:
+                    heapq.heappush(heap, (pricer.group_bound_s(max(members, key=lambda x: x.mbs)), 2, gkey, members))
+        elif level == 2:
             for plan in item:
-                heapq.heappush(heap, (pricer.time_lower_bound_s(plan), 2, plan_key(plan), plan))
-            continue
-        done += 1
-        if progress and done % 64 == 0:
-            progress("score", done, len(plans))
-        _visit(item, bound, key, pricer, walk, memory_margin)
-    walk.pruned_time = len(plans) - dropped - done
+                heapq.heappush(heap, (pricer.time_lower_bound_s(plan), 3, plan_key(plan), plan))
+        else:
+            done += 1
+            if progress and done % 64 == 0:
+                progress("score", done, len(plans))
+            _visit(item, bound, key, pricer, walk, memory_margin)
+    walk.pruned_time = len(plans) - walk.pruned_memory_early - done
     if progress:
         progress("score", len(plans), len(plans))  # every candidate is now scored or pruned
 
 
-def _families(plans: list, pricer: Pricer) -> dict[tuple, dict[tuple, list]]:
-    """Plans by family (tp, pp, cp, ep, etp, ZeRO, sp), then by group (every axis but the micro
-    batch). With a profiled GEMM table (whose efficiency need not grow with m) the micro batch
-    joins both keys, so that every bound stays a true lower bound."""
+def _push_family(heap: list, fkey: tuple, groups: dict, pricer: Pricer, walk: _Walk) -> None:
+    """A family's bound onto the heap, or the whole family dropped when its states overflow."""
+    members = [plan for group in groups.values() for plan in group]
+    low = pricer.states_lower_bound_bytes(members[0])  # equal for every member of the family
+    if low > walk.capacity_bytes:  # no micro batch, vpp, recompute or split makes it fit
+        walk.pruned_memory += len(members)
+        walk.pruned_memory_early += len(members)
+        walk.shortfalls.extend((low - walk.capacity_bytes, plan, False) for plan in members)
+        return
+    heapq.heappush(heap, (pricer.family_bound_s(max(members, key=lambda x: x.mbs)), 1, fkey, groups))
+
+
+def _largest_mbs(families: dict) -> object:
+    return max((plan for groups in families.values() for group in groups.values() for plan in group),
+               key=lambda x: x.mbs)
+
+
+def _nest(plans: list, pricer: Pricer) -> dict[tuple, dict[tuple, dict[tuple, list]]]:
+    """Plans by layout (tp, cp, ep, etp, sp), family (+ pp, ZeRO) and group (every axis but the
+    micro batch). With a profiled GEMM table (whose efficiency need not grow with m) the micro
+    batch joins every key, so that every bound stays a true lower bound."""
     rec_order: dict[int, tuple] = {}
-    out: dict[tuple, dict[tuple, list]] = {}
+    out: dict[tuple, dict[tuple, dict[tuple, list]]] = {}
     per_mbs = bool(pricer.p.gemm_table)
     for d in plans:
         r = d.recompute
         if id(r) not in rec_order:
             rec_order[id(r)] = (_MODE_ORDER[r.mode], -1 if r.num_layers is None else r.num_layers, r.modules)
         tp, sp, etp = d.tp, d.sp, d.etp  # expert_tp and sequence_parallel, inlined (hot loop)
-        fkey = (tp, d.pp, d.cp, d.ep, tp if etp is None else etp, d.zero, tp > 1 if sp is None else sp)
+        lkey = (tp, d.cp, d.ep, tp if etp is None else etp, tp > 1 if sp is None else sp)
         if per_mbs:
-            fkey += (d.mbs,)
+            lkey += (d.mbs,)
+        fkey = lkey + (d.pp, d.zero)
         gkey = fkey + (d.vpp,) + rec_order[id(r)]
-        out.setdefault(fkey, {}).setdefault(gkey, []).append(d)
+        out.setdefault(lkey, {}).setdefault(fkey, {}).setdefault(gkey, []).append(d)
     return out
 
 
