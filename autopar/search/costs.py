@@ -280,9 +280,9 @@ class Pricer:
         """≤ memory_lower_bound_bytes without walking the graph: for ranks 0 and pp − 1, the model
         states of their layers (table parameters × the bytes per parameter after ZeRO) plus the
         activations the schedule keeps in flight (the estimate's own in-flight counts × the
-        table's saved bytes per microbatch), with the estimate's overheads. Left out (all ≥ 0): the
-        recomputing layer's working bytes, FSDP gather buffers and the tied-embedding copy. A
-        full(K) plan, whose recompute is not uniform, gets the O(1) bound."""
+        table's saved bytes per microbatch) and the largest recomputing layer's working bytes,
+        with the estimate's overheads. Left out (both ≥ 0): FSDP gather buffers and the
+        tied-embedding copy. A full(K) plan, whose recompute is not uniform, gets the O(1) bound."""
         r = plan.recompute
         if r.mode == "full" and r.num_layers is not None:
             return self.quick_memory_lower_bound_bytes(plan)
@@ -290,6 +290,7 @@ class Pricer:
         counts = plan.layers_per_stage or stage_layer_counts(t.num_decoders, plan.pp * plan.vpp)
         lo, hi = np.array(stage_bounds(len(t.fb_s), counts, int(np.argmax(t.is_decoder)))).T
         dense, expert, saved = self._prefixes(t, r.mode)
+        work = t.work_bytes[r.mode]
         per_dense, per_expert = self._state_bytes_per_param(plan)
         states = (per_dense * (dense[hi] - dense[lo]) + per_expert * (expert[hi] - expert[lo])).reshape(plan.vpp, plan.pp)
         chunk_saved = (saved[hi] - saved[lo]).reshape(plan.vpp, plan.pp)
@@ -300,7 +301,9 @@ class Pricer:
                 acts = memory.inflight_chunks_interleaved(plan.pp, plan.vpp, rank, m) * chunk_saved[:, rank].sum() / plan.vpp
             else:
                 acts = memory.inflight_microbatches_1f1b(plan.pp, rank, m) * chunk_saved[0, rank]
-            out = max(out, float(states[:, rank].sum() + acts))
+            ranges = [(lo[c * plan.pp + rank], hi[c * plan.pp + rank]) for c in range(plan.vpp)]
+            peak_work = max((float(work[a:b].max()) for a, b in ranges if b > a), default=0.0)
+            out = max(out, float(states[:, rank].sum() + acts) + peak_work)
         p = self.p
         return memory.with_overheads(out, p.cuda_context_bytes, p.comm_buffer_bytes, p.fragmentation)
 

@@ -36,7 +36,7 @@ from autopar.schema.plan import FRAMEWORK_ZERO_STAGES, ParallelPlan, Recompute, 
 from autopar.search.costs import Pricer, stage_inputs, stage_memory_model
 from autopar.search.ilp import recompute_problem, solve_recompute
 from autopar.search.partition import partition_layers
-from autopar.search.rank import Row, distinct_rows, equivalence_band, family
+from autopar.search.rank import Row, distinct_rows, equivalence_band, family, simplicity_key
 from autopar.search.space import DEFAULT_MEMORY_MARGIN, SpaceSpec, as_plan, candidate_drafts, space_spec_for
 from autopar.units import GiB
 
@@ -102,6 +102,7 @@ class _Walk:
     band: float = 0.0
     best: list[tuple[float, tuple, ParallelPlan, Estimate]] = field(default_factory=list)
     family_to_s: dict[tuple, float] = field(default_factory=dict)
+    family_to_members: dict[tuple, list[tuple[tuple, float]]] = field(default_factory=dict)  # (simplicity, s)
     visited: list[tuple[float, tuple, ParallelPlan]] = field(default_factory=list)
     shortfalls: list[tuple[float, ParallelPlan, bool]] = field(default_factory=list)  # (bytes over, plan, exact)
     seen: set = field(default_factory=set)
@@ -111,6 +112,7 @@ class _Walk:
     pruned_time: int = 0
     pruned_memory: int = 0
     pruned_memory_early: int = 0  # of pruned_memory: whole families dropped before any time bound
+    needless: int = 0  # visited plans left unpriced: they cannot change the listing (see `needless_to_price`)
 
     kth_s: float = math.inf
 
@@ -122,9 +124,30 @@ class _Walk:
         bisect.insort(self.best, (est.step_time_s, key, plan, est), key=lambda x: (x[0], x[1]))
         fam = family(plan)
         self.family_to_s[fam] = min(self.family_to_s.get(fam, math.inf), est.step_time_s)
+        self.family_to_members.setdefault(fam, []).append((simplicity_key(plan), est.step_time_s))
         times = sorted(self.family_to_s.values())
         kth = times[self.top - 1] if len(times) >= self.top else math.inf
         self.kth_s = max(kth, self.best[0][0] * (1.0 + self.band))
+
+    def needless_to_price(self, plan: ParallelPlan, bound: float) -> bool:
+        """True when pricing `plan` (whose time is ≥ bound) cannot change the result: it is not
+        among the `top` fastest so far (bound > the top-th time) and cannot lower its family's
+        best time, and its family's row in autopar.search.rank.distinct_rows cannot be it: either
+        it is out of the band for sure (the final fastest is no slower than the fastest so far),
+        or a simpler plan of its family (or an equally simple one no slower) stays in the band
+        whatever is found later (the final fastest is ≥ min(fastest so far, bound), since every
+        plan not yet visited has a bound ≥ this one)."""
+        if not self.best or bound <= (self.best[self.top - 1][0] if len(self.best) >= self.top else math.inf):
+            return False
+        fam = family(plan)
+        if bound < self.family_to_s.get(fam, math.inf):
+            return False
+        if bound > self.best[0][0] * (1.0 + self.band):
+            return True
+        edge = min(self.best[0][0], bound) * (1.0 + self.band)
+        mine = simplicity_key(plan)
+        return any(s <= edge and (k < mine or (k == mine and s <= bound))
+                   for k, s in self.family_to_members.get(fam, ()))
 
 
 def search(model: str, cluster: str, gpus: int, seq_len: int, global_batch: int, *, top: int = 5,
@@ -220,7 +243,7 @@ def _branch_and_bound(plans: list, pricer: Pricer, walk: _Walk, memory_margin: f
             if progress and done % 64 == 0:
                 progress("score", done, len(plans))
             _visit(item, bound, key, pricer, walk, memory_margin)
-    walk.pruned_time = len(plans) - walk.pruned_memory_early - done
+    walk.pruned_time = len(plans) - walk.pruned_memory_early - done + walk.needless
     if progress:
         progress("score", len(plans), len(plans))  # every candidate is now scored or pruned
 
@@ -267,13 +290,14 @@ def _visit(draft, bound: float, key: tuple, pricer: Pricer, walk: _Walk, memory_
     plan = draft.to_plan()
     walk.visited.append((bound, key, plan))
     low = pricer.quick_memory_lower_bound_bytes(plan)
-    if low <= walk.capacity_bytes:
+    if low <= walk.capacity_bytes:  # (the table bound nearly always equals the exact rank memory: no graph walk)
         low = pricer.rank_memory_lower_bound_bytes(plan)
-    if low <= walk.capacity_bytes:
-        low = pricer.memory_lower_bound_bytes(plan)
     if low > walk.capacity_bytes:
         walk.pruned_memory += 1
         walk.shortfalls.append((low - walk.capacity_bytes, plan, False))
+        return
+    if walk.needless_to_price(plan, bound):
+        walk.needless += 1
         return
     est = estimate(pricer.graph, pricer.cluster, plan, pricer.p, memory_margin)
     walk.scored += 1
@@ -312,6 +336,7 @@ def _worth_refining(plan: ParallelPlan, pricer: Pricer, walk: _Walk) -> bool:
         return False
     full = plan.model_copy(update={"recompute": Recompute(mode="full")})
     return (pricer.quick_memory_lower_bound_bytes(full) <= walk.capacity_bytes
+            and pricer.rank_memory_lower_bound_bytes(full) <= walk.capacity_bytes
             and pricer.memory_lower_bound_bytes(full) <= walk.capacity_bytes)
 
 
