@@ -294,6 +294,7 @@ class Pricer:
         per_dense, per_expert = self._state_bytes_per_param(plan)
         states = (per_dense * (dense[hi] - dense[lo]) + per_expert * (expert[hi] - expert[lo])).reshape(plan.vpp, plan.pp)
         chunk_saved = (saved[hi] - saved[lo]).reshape(plan.vpp, plan.pp)
+        chunk_work = np.maximum.reduceat(work, lo).reshape(plan.vpp, plan.pp)  # chunks are contiguous, non-empty
         m = plan.num_microbatches(self.cluster.num_gpus)
         out = 0.0
         for rank in {0, plan.pp - 1}:
@@ -301,9 +302,7 @@ class Pricer:
                 acts = memory.inflight_chunks_interleaved(plan.pp, plan.vpp, rank, m) * chunk_saved[:, rank].sum() / plan.vpp
             else:
                 acts = memory.inflight_microbatches_1f1b(plan.pp, rank, m) * chunk_saved[0, rank]
-            ranges = [(lo[c * plan.pp + rank], hi[c * plan.pp + rank]) for c in range(plan.vpp)]
-            peak_work = max((float(work[a:b].max()) for a, b in ranges if b > a), default=0.0)
-            out = max(out, float(states[:, rank].sum() + acts) + peak_work)
+            out = max(out, float(states[:, rank].sum() + acts + chunk_work[:, rank].max()))
         p = self.p
         return memory.with_overheads(out, p.cuda_context_bytes, p.comm_buffer_bytes, p.fragmentation)
 

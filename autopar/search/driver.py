@@ -37,7 +37,7 @@ from autopar.search.costs import Pricer, stage_inputs, stage_memory_model
 from autopar.search.ilp import recompute_problem, solve_recompute
 from autopar.search.partition import partition_layers
 from autopar.search.rank import Row, distinct_rows, equivalence_band, family, simplicity_key
-from autopar.search.space import DEFAULT_MEMORY_MARGIN, SpaceSpec, as_plan, candidate_drafts, space_spec_for
+from autopar.search.space import DEFAULT_MEMORY_MARGIN, SpaceSpec, as_plan, candidate_bases, space_spec_for
 from autopar.units import GiB
 
 Progress = Callable[[str, int, int], None]  # (phase, done, total); phases: score, refine
@@ -176,18 +176,18 @@ def search_graph(graph: ModelGraph, cluster: Cluster, p: CostParams, spec: Space
                  refine: bool = True) -> SearchResult:
     """`search` on loaded inputs (the form tests and notebooks with custom graphs use)."""
     start = time.perf_counter()
-    plans = candidate_drafts(spec)
+    bases = candidate_bases(spec)
     pricer = Pricer(graph, cluster, p)
     band = equivalence_band()
     walk = _Walk(top=top, capacity_bytes=cluster.hbm_bytes * (1.0 - memory_margin), band=band)
-    _branch_and_bound(plans, pricer, walk, memory_margin, progress)
+    count = _branch_and_bound(bases, pricer, walk, memory_margin, progress)
     if refine:
         _refine(spec, pricer, walk, memory_margin, progress)
     if not walk.best:
         raise NoFeasiblePlanError(_nothing_fits_message(spec, pricer, walk, memory_margin))
     found = [(plan, est) for _, _, plan, est in walk.best]
     return SearchResult(
-        plans=found[:top], alternatives=distinct_rows(found, top, band), band=band, candidates=len(plans),
+        plans=found[:top], alternatives=distinct_rows(found, top, band), band=band, candidates=count,
         pruned=walk.pruned_time + walk.pruned_memory, scored=walk.scored, feasible=walk.feasible,
         time_s=time.perf_counter() - start, pruned_time=walk.pruned_time, pruned_memory=walk.pruned_memory,
         refined=walk.refined, num_gpus=cluster.num_gpus)
@@ -206,8 +206,8 @@ def refine_plan(graph: ModelGraph, cluster: Cluster, p: CostParams, plan: Parall
     return [(x, est) for _, _, x, est in walk.best][:8]
 
 
-def _branch_and_bound(plans: list, pricer: Pricer, walk: _Walk, memory_margin: float,
-                      progress: Progress | None) -> None:
+def _branch_and_bound(bases: list, pricer: Pricer, walk: _Walk, memory_margin: float,
+                      progress: Progress | None) -> int:
     """Best-first over candidates by ascending time bound; stop when the bound passes the K-th best.
 
     Candidates are nested: a layout (tp, cp, ep, etp, sp) holds families (+ pp, ZeRO), which hold
@@ -218,7 +218,8 @@ def _branch_and_bound(plans: list, pricer: Pricer, walk: _Walk, memory_margin: f
     could still beat the K-th best. Each level's bound is ≤ those below it, so the plans visited,
     and their order, are those of bounding every plan up front."""
     heap: list[tuple[float, int, tuple, object]] = []
-    for lkey, families in _nest(plans, pricer).items():
+    layouts, total = _nest(bases, pricer)
+    for lkey, families in layouts.items():
         heap.append((pricer.layout_bound_s(_largest_mbs(families)), 0, lkey, families))
     heapq.heapify(heap)
     done = 0
@@ -241,11 +242,12 @@ def _branch_and_bound(plans: list, pricer: Pricer, walk: _Walk, memory_margin: f
         else:
             done += 1
             if progress and done % 64 == 0:
-                progress("score", done, len(plans))
+                progress("score", done, total)
             _visit(item, bound, key, pricer, walk, memory_margin)
-    walk.pruned_time = len(plans) - walk.pruned_memory_early - done + walk.needless
+    walk.pruned_time = total - walk.pruned_memory_early - done + walk.needless
     if progress:
-        progress("score", len(plans), len(plans))  # every candidate is now scored or pruned
+        progress("score", total, total)  # every candidate is now scored or pruned
+    return total
 
 
 def _push_family(heap: list, fkey: tuple, groups: dict, pricer: Pricer, walk: _Walk) -> None:
@@ -265,25 +267,29 @@ def _largest_mbs(families: dict) -> object:
                key=lambda x: x.mbs)
 
 
-def _nest(plans: list, pricer: Pricer) -> dict[tuple, dict[tuple, dict[tuple, list]]]:
-    """Plans by layout (tp, cp, ep, etp, sp), family (+ pp, ZeRO) and group (every axis but the
-    micro batch). With a profiled GEMM table (whose efficiency need not grow with m) the micro
-    batch joins every key, so that every bound stays a true lower bound."""
+def _nest(bases: list, pricer: Pricer) -> tuple[dict[tuple, dict[tuple, dict[tuple, list]]], int]:
+    """Candidates by layout (tp, cp, ep, etp, sp), family (+ pp, ZeRO) and group (every axis but
+    the micro batch), and their count. With a profiled GEMM table (whose efficiency need not grow
+    with m) the micro batch joins every key, so that every bound stays a true lower bound."""
     rec_order: dict[int, tuple] = {}
     out: dict[tuple, dict[tuple, dict[tuple, list]]] = {}
     per_mbs = bool(pricer.p.gemm_table)
-    for d in plans:
-        r = d.recompute
-        if id(r) not in rec_order:
-            rec_order[id(r)] = (_MODE_ORDER[r.mode], -1 if r.num_layers is None else r.num_layers, r.modules)
-        tp, sp, etp = d.tp, d.sp, d.etp  # expert_tp and sequence_parallel, inlined (hot loop)
+    total = 0
+    for d, variants in bases:  # keys once per recompute-free base (hot loop: attributes inlined)
+        tp, sp, etp = d.tp, d.sp, d.etp
         lkey = (tp, d.cp, d.ep, tp if etp is None else etp, tp > 1 if sp is None else sp)
         if per_mbs:
             lkey += (d.mbs,)
         fkey = lkey + (d.pp, d.zero)
-        gkey = fkey + (d.vpp,) + rec_order[id(r)]
-        out.setdefault(lkey, {}).setdefault(fkey, {}).setdefault(gkey, []).append(d)
-    return out
+        prefix = fkey + (d.vpp,)
+        groups = out.setdefault(lkey, {}).setdefault(fkey, {})
+        total += len(variants)
+        for v in variants:
+            r = v.recompute
+            if id(r) not in rec_order:
+                rec_order[id(r)] = (_MODE_ORDER[r.mode], -1 if r.num_layers is None else r.num_layers, r.modules)
+            groups.setdefault(prefix + rec_order[id(r)], []).append(v)
+    return out, total
 
 
 def _visit(draft, bound: float, key: tuple, pricer: Pricer, walk: _Walk, memory_margin: float) -> None:

@@ -246,6 +246,11 @@ def candidates(spec: SpaceSpec) -> list[ParallelPlan]:
 
 def candidate_drafts(spec: SpaceSpec) -> list[Draft]:
     """`candidates` as Drafts (the search's form: plans are built only for what it visits)."""
+    return [d for _, variants in candidate_bases(spec) for d in variants]
+
+
+def candidate_bases(spec: SpaceSpec) -> list[tuple[Draft, tuple[Draft, ...]]]:
+    """Each valid combination of every axis but recompute, with its valid recompute variants."""
     out, first_problem = [], None
     kwargs = spec.validator_kwargs()
     refusals = None
@@ -260,12 +265,18 @@ def candidate_drafts(spec: SpaceSpec) -> list[Draft]:
             first_problem = first_problem or problems
             continue
         head, tail = base[:9], base[10:]  # Draft fields before and after recompute
-        for draft in [base, *(tuple.__new__(Draft, (*head, r, *tail)) for r in options[1:])]:
-            problems = refusals(spec.model_spec, spec.num_gpus, draft.to_plan()) if refusals is not None else None
-            if problems:
-                first_problem = first_problem or problems
-                continue
-            out.append(draft)
+        variants = (base, *(tuple.__new__(Draft, (*head, r, *tail)) for r in options[1:]))
+        if refusals is not None:
+            kept = []
+            for draft in variants:
+                problems = refusals(spec.model_spec, spec.num_gpus, draft.to_plan())
+                if problems:
+                    first_problem = first_problem or problems
+                else:
+                    kept.append(draft)
+            variants = tuple(kept)
+        if variants:
+            out.append((base, variants))
     if not out:
         pinned = ", ".join(f"{k}={v.label() if isinstance(v, Recompute) else v}" for k, v in spec.fix.items())
         why = "; ".join(first_problem) if first_problem else _why_empty(spec)
