@@ -93,9 +93,9 @@ def plan_key(plan: ParallelPlan) -> tuple:
 @dataclass
 class _Walk:
     """Mutable state of one branch-and-bound walk. `best` holds every fitting plan priced, fastest
-    first; the walk may stop once a bound passes `kth_s`: the larger of the band edge of the fastest
-    (every plan equivalent to it is needed to rank them by simplicity) and the best time of the
-    top-th distinct family (autopar.search.rank.family)."""
+    first; the walk may stop once a bound passes `kth_s`, the best time of the top-th distinct
+    family (autopar.search.rank.family): every row of the listing outside the equivalence band,
+    and the raw top K, are then known (the band is priced afterwards, `_price_equivalents`)."""
 
     top: int
     capacity_bytes: float
@@ -112,9 +112,8 @@ class _Walk:
     pruned_time: int = 0
     pruned_memory: int = 0
     pruned_memory_early: int = 0  # of pruned_memory: whole families dropped before any time bound
-    needless: int = 0  # visited plans left unpriced: they cannot change the listing (see `needless_to_price`)
-
     kth_s: float = math.inf
+    deferred: list[tuple] = field(default_factory=list)  # heap entries left for the band (can_defer)
 
     def add(self, plan: ParallelPlan, est: Estimate) -> None:
         key = plan_key(plan)
@@ -126,28 +125,14 @@ class _Walk:
         self.family_to_s[fam] = min(self.family_to_s.get(fam, math.inf), est.step_time_s)
         self.family_to_members.setdefault(fam, []).append((simplicity_key(plan), est.step_time_s))
         times = sorted(self.family_to_s.values())
-        kth = times[self.top - 1] if len(times) >= self.top else math.inf
-        self.kth_s = max(kth, self.best[0][0] * (1.0 + self.band))
+        self.kth_s = times[self.top - 1] if len(times) >= self.top else math.inf
 
-    def needless_to_price(self, plan: ParallelPlan, bound: float) -> bool:
-        """True when pricing `plan` (whose time is ≥ bound) cannot change the result: it is not
-        among the `top` fastest so far (bound > the top-th time) and cannot lower its family's
-        best time, and its family's row in autopar.search.rank.distinct_rows cannot be it: either
-        it is out of the band for sure (the final fastest is no slower than the fastest so far),
-        or a simpler plan of its family (or an equally simple one no slower) stays in the band
-        whatever is found later (the final fastest is ≥ min(fastest so far, bound), since every
-        plan not yet visited has a bound ≥ this one)."""
-        if not self.best or bound <= (self.best[self.top - 1][0] if len(self.best) >= self.top else math.inf):
+    def can_defer(self, plan, bound: float) -> bool:
+        """Pricing `plan` (time ≥ bound) now can change neither the raw top K (bound past its
+        top-th time) nor its family's best time; only the equivalence band may still want it."""
+        if len(self.best) < self.top or bound <= self.best[self.top - 1][0]:
             return False
-        fam = family(plan)
-        if bound < self.family_to_s.get(fam, math.inf):
-            return False
-        if bound > self.best[0][0] * (1.0 + self.band):
-            return True
-        edge = min(self.best[0][0], bound) * (1.0 + self.band)
-        mine = simplicity_key(plan)
-        return any(s <= edge and (k < mine or (k == mine and s <= bound))
-                   for k, s in self.family_to_members.get(fam, ()))
+        return bound >= self.family_to_s.get(family(plan), math.inf)
 
 
 def search(model: str, cluster: str, gpus: int, seq_len: int, global_batch: int, *, top: int = 5,
@@ -180,9 +165,11 @@ def search_graph(graph: ModelGraph, cluster: Cluster, p: CostParams, spec: Space
     pricer = Pricer(graph, cluster, p)
     band = equivalence_band()
     walk = _Walk(top=top, capacity_bytes=cluster.hbm_bytes * (1.0 - memory_margin), band=band)
-    count = _branch_and_bound(bases, pricer, walk, memory_margin, progress)
+    count, heap = _branch_and_bound(bases, pricer, walk, memory_margin, progress)
     if refine:
         _refine(spec, pricer, walk, memory_margin, progress)
+    _price_equivalents(heap, pricer, walk, memory_margin)
+    walk.pruned_time = count - walk.pruned_memory_early - len(walk.visited)
     if not walk.best:
         raise NoFeasiblePlanError(_nothing_fits_message(spec, pricer, walk, memory_margin))
     found = [(plan, est) for _, _, plan, est in walk.best]
@@ -207,8 +194,9 @@ def refine_plan(graph: ModelGraph, cluster: Cluster, p: CostParams, plan: Parall
 
 
 def _branch_and_bound(bases: list, pricer: Pricer, walk: _Walk, memory_margin: float,
-                      progress: Progress | None) -> int:
+                      progress: Progress | None) -> tuple[int, list]:
     """Best-first over candidates by ascending time bound; stop when the bound passes the K-th best.
+    Returns the candidate count and the heap left (what the equivalence band may still need).
 
     Candidates are nested: a layout (tp, cp, ep, etp, sp) holds families (+ pp, ZeRO), which hold
     groups (their plans that differ only in micro batch), which hold plans. Layouts and families
@@ -222,32 +210,70 @@ def _branch_and_bound(bases: list, pricer: Pricer, walk: _Walk, memory_margin: f
     for lkey, families in layouts.items():
         heap.append((pricer.layout_bound_s(_largest_mbs(families)), 0, lkey, families))
     heapq.heapify(heap)
-    done = 0
-    while heap:
-        bound, level, key, item = heapq.heappop(heap)
-        if bound > walk.kth_s:
-            break
-        if level == 0:
-            for fkey, groups in item.items():
-                _push_family(heap, fkey, groups, pricer, walk)
-        elif level == 1:
-            for gkey, members in item.items():
-                if len(members) == 1:
-                    heapq.heappush(heap, (pricer.time_lower_bound_s(members[0]), 3, plan_key(members[0]), members[0]))
-                else:
-                    heapq.heappush(heap, (pricer.group_bound_s(max(members, key=lambda x: x.mbs)), 2, gkey, members))
-        elif level == 2:
-            for plan in item:
-                heapq.heappush(heap, (pricer.time_lower_bound_s(plan), 3, plan_key(plan), plan))
-        else:
-            done += 1
-            if progress and done % 64 == 0:
-                progress("score", done, total)
-            _visit(item, bound, key, pricer, walk, memory_margin)
-    walk.pruned_time = total - walk.pruned_memory_early - done + walk.needless
+    while heap and heap[0][0] <= walk.kth_s:
+        entry = heapq.heappop(heap)
+        if entry[1] < 3:
+            _expand(heap, entry, pricer, walk)
+            continue
+        bound, _, key, draft = entry
+        if walk.can_defer(draft, bound):
+            walk.deferred.append(entry)
+            continue
+        if progress and len(walk.visited) % 64 == 63:
+            progress("score", len(walk.visited) + 1, total)
+        _visit(draft, bound, key, pricer, walk, memory_margin)
     if progress:
         progress("score", total, total)  # every candidate is now scored or pruned
-    return total
+    return total, heap
+
+
+def _expand(heap: list, entry: tuple, pricer: Pricer, walk: _Walk) -> None:
+    """Push the children of a popped layout (0), family (1) or group (2) with their bounds."""
+    _, level, _, item = entry
+    if level == 0:
+        for fkey, groups in item.items():
+            _push_family(heap, fkey, groups, pricer, walk)
+    elif level == 1:
+        for gkey, members in item.items():
+            if len(members) == 1:
+                heapq.heappush(heap, (pricer.time_lower_bound_s(members[0]), 3, plan_key(members[0]), members[0]))
+            else:
+                heapq.heappush(heap, (pricer.group_bound_s(max(members, key=lambda x: x.mbs)), 2, gkey, members))
+    else:
+        for plan in item:
+            heapq.heappush(heap, (pricer.time_lower_bound_s(plan), 3, plan_key(plan), plan))
+
+
+def _price_equivalents(heap: list, pricer: Pricer, walk: _Walk, memory_margin: float) -> None:
+    """Price what the listing needs inside the equivalence band: each family's simplest plan within
+    (1 + band) of the fastest (autopar.search.rank.distinct_rows). Candidates deferred by the walk
+    or left on the heap with a bound inside the band are taken family by family in SIMPLICITY order; a family stops at its
+    first plan that fits inside the band (after its equally simple ones, which may be faster), or
+    at a plan less simple than one it already has inside the band. The fastest is final here: the
+    heap's bounds are past the K-th family's time, so nothing left can beat it."""
+    if not walk.best:
+        return
+    edge = walk.best[0][0] * (1.0 + walk.band)
+    fam_to_pending: dict[tuple, list] = {}
+    for bound, _, key, draft in walk.deferred:
+        if bound <= edge:
+            fam_to_pending.setdefault(family(draft), []).append((simplicity_key(draft), bound, key, draft))
+    while heap and heap[0][0] <= edge:
+        entry = heapq.heappop(heap)
+        if entry[1] < 3:
+            _expand(heap, entry, pricer, walk)
+        else:
+            bound, _, key, draft = entry
+            fam_to_pending.setdefault(family(draft), []).append((simplicity_key(draft), bound, key, draft))
+    for fam in sorted(fam_to_pending):
+        inside = [k for k, s in walk.family_to_members.get(fam, ()) if s <= edge]
+        limit = min(inside) if inside else None  # simplest member already inside the band
+        for simple, bound, key, draft in sorted(fam_to_pending[fam], key=lambda x: (x[0], x[1], x[2])):
+            if limit is not None and simple > limit:
+                break
+            est = _visit(draft, bound, key, pricer, walk, memory_margin)
+            if est is not None and est.fits and est.step_time_s <= edge:
+                limit = simple if limit is None else min(limit, simple)
 
 
 def _push_family(heap: list, fkey: tuple, groups: dict, pricer: Pricer, walk: _Walk) -> None:
@@ -292,7 +318,8 @@ def _nest(bases: list, pricer: Pricer) -> tuple[dict[tuple, dict[tuple, dict[tup
     return out, total
 
 
-def _visit(draft, bound: float, key: tuple, pricer: Pricer, walk: _Walk, memory_margin: float) -> None:
+def _visit(draft, bound: float, key: tuple, pricer: Pricer, walk: _Walk, memory_margin: float) -> Estimate | None:
+    """Memory bounds, then `estimate`; the estimate when the plan was priced."""
     plan = draft.to_plan()
     walk.visited.append((bound, key, plan))
     low = pricer.quick_memory_lower_bound_bytes(plan)
@@ -301,10 +328,7 @@ def _visit(draft, bound: float, key: tuple, pricer: Pricer, walk: _Walk, memory_
     if low > walk.capacity_bytes:
         walk.pruned_memory += 1
         walk.shortfalls.append((low - walk.capacity_bytes, plan, False))
-        return
-    if walk.needless_to_price(plan, bound):
-        walk.needless += 1
-        return
+        return None
     est = estimate(pricer.graph, pricer.cluster, plan, pricer.p, memory_margin)
     walk.scored += 1
     if est.fits:
@@ -312,6 +336,7 @@ def _visit(draft, bound: float, key: tuple, pricer: Pricer, walk: _Walk, memory_
         walk.add(plan, est)
     else:
         walk.shortfalls.append((est.peak_memory_bytes - walk.capacity_bytes, plan, True))
+    return est
 
 
 def _refine(spec: SpaceSpec, pricer: Pricer, walk: _Walk, memory_margin: float, progress: Progress | None) -> None:
