@@ -27,6 +27,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from autopar.errors import InvalidPlanError, NoFeasiblePlanError
+from autopar.limits import MAX_EXPERTS, MAX_GLOBAL_BATCH, MAX_GPUS, MAX_HEADS, MAX_SEQ_LEN, clip
 from autopar.schema.plan import FRAMEWORK_ZERO_STAGES, ParallelPlan, Recompute, plan_violations
 
 AXES = ("tp", "pp", "dp", "cp", "ep", "etp", "vpp", "mbs", "zero", "sp", "recompute")
@@ -40,6 +41,10 @@ RECOMPUTE_CHOICES = {
 # exchange dominates, so such cp are not generated (a pinned cp is still tried).
 MIN_TOKENS_PER_CP_RANK = 1024
 DEFAULT_MEMORY_MARGIN = 0.1  # fraction of HBM kept free for what no model sees (allocator spikes, NCCL growth)
+# Raw plans enumerated before the space is refused (about 10x DeepSeek-V3 on 2,048 H800): the search's
+# time is bounded by construction, not by the user's patience.
+MAX_RAW_CANDIDATES = 500_000
+_MAX_DIVISOR_INPUT = max(MAX_GPUS, MAX_GLOBAL_BATCH, MAX_SEQ_LEN, MAX_EXPERTS, MAX_HEADS)
 
 
 @dataclass(frozen=True)
@@ -90,7 +95,10 @@ def normalize_fix(fix: dict[str, Any]) -> dict[str, Any]:
 
 
 def divisors(n: int) -> list[int]:
-    """Positive divisors of n, ascending."""
+    """Positive divisors of n, ascending. n is capped (autopar.limits) so the loop to √n is bounded."""
+    if not 1 <= n <= _MAX_DIVISOR_INPUT:
+        raise InvalidPlanError(f"{clip(n)} is outside 1..{_MAX_DIVISOR_INPUT:,}; use a smaller GPU count, batch or "
+                               "sequence length")
     small = [d for d in range(1, math.isqrt(n) + 1) if n % d == 0]
     return sorted(set(small + [n // d for d in small]))
 
@@ -206,7 +214,11 @@ def candidates(spec: SpaceSpec) -> list[ParallelPlan]:
         from autopar.export import framework_refusals
 
         refusals = framework_refusals
-    for plan in raw_candidates(spec):
+    for count, plan in enumerate(raw_candidates(spec), 1):
+        if count > MAX_RAW_CANDIDATES:
+            raise InvalidPlanError(f"the search space has over {MAX_RAW_CANDIDATES:,} candidate plans on "
+                                   f"{spec.num_gpus:,} GPUs; pin axes with --fix (e.g. mbs=1,vpp=1) or lower --max-tp, "
+                                   "the GPU count or the global batch")
         problems = plan_violations(plan, **kwargs)
         if not problems and refusals is not None:
             problems = refusals(spec.model_spec, spec.num_gpus, plan)
