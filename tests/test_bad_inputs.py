@@ -168,7 +168,7 @@ CASES = [
     ("hidden-huge-int", "unhelpful",
      lambda d: ["inspect", _write_config(d, "config.json", _config(hidden_size=10**15))], ["hidden_size", "131072"]),
     ("405b-on-8", "unhelpful", lambda d: ["plan", "llama3.1-405b", "-c", "dgx-h100", "-n", "8", "-b", "8", "-s", "8192",
-                                          "--quiet"], ["at least 104 GPUs"]),
+                                          "--quiet"], ["use more GPUs: at least 104 "]),
     ("top-0", "unhelpful", lambda d: _plan("--top", "0"), ["--top"]),
     ("margin-0.95", "unhelpful", lambda d: _plan("--memory-margin", "0.95"), ["--memory-margin", "0.9"]),
     ("gpus-abc", "unhelpful", lambda d: _plan()[:4] + ["-n", "abc", "-b", "8"], ["--gpus", "integer"]),

@@ -310,7 +310,7 @@ def _nothing_fits_message(spec: SpaceSpec, pricer: Pricer, walk: _Walk, memory_m
     fixed = pricer.p.cuda_context_bytes + pricer.p.comm_buffer_bytes
     need = min_gpus_for_memory(spec.num_gpus, walk.capacity_bytes + short, walk.capacity_bytes, fixed,
                                spec.gpus_per_node)
-    more = (f"at least {need:,} GPUs (memory per GPU falls at best in proportion to the GPU count)" if need else
+    more = (f"use more GPUs: at least {need:,} (memory per GPU falls at best in proportion to the GPU count)" if need else
             "a GPU with more memory (the per-GPU buffers alone exceed the usable memory)")
     fixes = [more, "a shorter sequence or smaller global batch"]
     if plan.recompute.mode != "full" or plan.recompute.num_layers is not None:
