@@ -235,7 +235,10 @@ def score_plan_file(path: str, cost_model: str | None = None) -> tuple[Any, Para
 def _model_available(model: str) -> bool:
     from pathlib import Path
 
-    return model in PRESET_NAMES or Path(model).expanduser().exists()
+    try:
+        return model in PRESET_NAMES or Path(model).expanduser().exists()
+    except (OSError, ValueError):  # a name no file system holds (too long, a NUL): use the stored spec
+        return False
 
 
 def _graph_from_spec(spec):

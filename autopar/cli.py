@@ -45,7 +45,7 @@ class _OneLineErrors(TyperGroup):
         except click.exceptions.ClickException as exc:
             print_error(exc.format_message())
             sys.exit(2)
-        except click.exceptions.Abort:
+        except typer.Abort:
             print_error("aborted")
             sys.exit(1)
         sys.exit(code if isinstance(code, int) else 0)

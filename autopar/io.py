@@ -101,6 +101,9 @@ def check_output(path: Path | str, force: bool, what: str = "output") -> Path:
         if parent.exists():
             if not parent.is_dir():
                 raise OutputFileError(f"cannot write {what} {clip(p)}: {clip(parent)} is a file, not a folder")
+            if not os.access(parent, os.W_OK | os.X_OK):
+                raise OutputFileError(f"cannot write {what} {clip(p)}: Permission denied in {clip(parent)}; "
+                                      "choose a writable folder")
             break
     return p
 
@@ -112,22 +115,51 @@ def write_outputs(path_to_data: Mapping[Path | str, str | bytes], *, force: bool
     Files ending in an `executable` suffix get mode 0o755, others 0o644 (less the umask)."""
     targets = [(check_output(p, force, what), data) for p, data in path_to_data.items()]
     staged: list[tuple[str, Path]] = []
+    created: list[Path] = []  # folders this call made, removed again if it fails
+    done = False
     try:
         for target, data in targets:
+            created += _make_folder(target, what)
             staged.append((_stage(target, data, executable, what), target))
         for tmp, target in staged:
             try:
                 os.replace(tmp, target)
             except OSError as exc:
                 raise OutputFileError(f"cannot write {what} {clip(target)}: {_reason(exc)}; choose a writable path") from None
+        done = True
     finally:
         for tmp, _ in staged:
             if os.path.lexists(tmp):
-                try:
-                    os.unlink(tmp)
-                except OSError:
-                    pass
+                _quietly(os.unlink, tmp)
+        if not done:
+            for folder in reversed(created):
+                _quietly(os.rmdir, folder)
     return [str(t) for t, _ in targets]
+
+
+def _quietly(fn, path) -> None:
+    try:
+        fn(path)
+    except OSError:
+        pass
+
+
+def _make_folder(target: Path, what: str) -> list[Path]:
+    """Create target's missing folders; returns them, outermost first."""
+    missing = []
+    for folder in (target.parent, *target.parent.parents):
+        if folder.exists():
+            break
+        missing.append(folder)
+    missing.reverse()
+    try:
+        for folder in missing:
+            folder.mkdir()
+    except OSError as exc:
+        for folder in reversed(missing):
+            _quietly(os.rmdir, folder)
+        raise OutputFileError(f"cannot write {what} {clip(target)}: {_reason(exc)}; choose a writable path") from None
+    return missing
 
 
 def write_output(path: Path | str, data: str | bytes, *, force: bool, what: str = "output") -> str:
@@ -137,10 +169,8 @@ def write_output(path: Path | str, data: str | bytes, *, force: bool, what: str 
 
 def _stage(target: Path, data: str | bytes, executable: tuple[str, ...], what: str) -> str:
     """A temporary file in target's folder holding `data`, with the target's final mode."""
-    folder = target.parent
     try:
-        folder.mkdir(parents=True, exist_ok=True)
-        fd, tmp = tempfile.mkstemp(prefix=f".{target.name[:40]}.", suffix=".tmp", dir=folder)
+        fd, tmp = tempfile.mkstemp(prefix=f".{target.name[:40]}.", suffix=".tmp", dir=target.parent)
     except OSError as exc:
         raise OutputFileError(f"cannot write {what} {clip(target)}: {_reason(exc)}; choose a writable path") from None
     try:
@@ -155,4 +185,7 @@ def _stage(target: Path, data: str | bytes, executable: tuple[str, ...], what: s
     except OSError as exc:
         os.unlink(tmp)
         raise OutputFileError(f"cannot write {what} {clip(target)}: {_reason(exc)}; choose a writable path") from None
+    except BaseException:  # interrupted mid-write: leave nothing behind
+        os.unlink(tmp)
+        raise
     return tmp

@@ -14,7 +14,7 @@ graph build stays bounded in time and memory by construction:
                       refused before it is read (shipped files are under 0.1 MiB).
   MAX_NAME_CHARS      a model or cluster name or path: 1,024 characters, every path part at
                       most 255 bytes (Linux NAME_MAX).
-  MAX_CANDIDATES      raw plans the search space may enumerate before it is refused.
+  (The search space's own cap, MAX_RAW_CANDIDATES, lives in autopar.search.space.)
 """
 
 from __future__ import annotations
@@ -37,7 +37,6 @@ MAX_GLOBAL_BATCH = 2**20
 MAX_INPUT_FILE_BYTES = 4 * 2**20
 MAX_NAME_CHARS = 1024
 MAX_PATH_PART_BYTES = 255
-MAX_CANDIDATES = 2_000_000
 MAX_ECHO_CHARS = 80
 
 

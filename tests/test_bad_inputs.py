@@ -299,3 +299,54 @@ def test_suggested_gpus_is_the_memory_bound():
     assert min_gpus_for_memory(8, 73 * gib, 72 * gib, 0, 8) == 16  # 8.1 GPUs → the next whole node
     assert min_gpus_for_memory(2, 100 * gib, 72 * gib, 0, 8) == 3  # a partial node
     assert min_gpus_for_memory(8, 900 * gib, 4 * gib, 4 * gib, 8) is None
+
+
+def test_raw_candidate_count_is_exact_and_caps_the_space():
+    """count_raw_candidates equals the enumeration (brute force) on small spaces, and a space over
+    the cap is refused in well under a second, before a plan is built."""
+    from autopar.api import load_cluster, load_model
+    from autopar.errors import InvalidPlanError
+    from autopar.search.space import MAX_RAW_CANDIDATES, candidates, count_raw_candidates, raw_candidates, space_spec_for
+
+    for model, gpus, seq, batch in (("llama3-8b", 16, 4096, 64), ("mixtral-8x7b", 32, 4096, 64),
+                                    ("deepseek-v3", 256, 4096, 512)):
+        spec = space_spec_for(load_model(model), load_cluster("dgx-h100", gpus), seq, batch)
+        assert count_raw_candidates(spec) == sum(1 for _ in raw_candidates(spec))
+    spec = space_spec_for(load_model("qwen3-235b-a22b"), load_cluster("dgx-h100", 30720), 65536, 983040)
+    assert count_raw_candidates(spec) > MAX_RAW_CANDIDATES
+    start = time.perf_counter()
+    with pytest.raises(InvalidPlanError, match="pin axes with --fix"):
+        candidates(spec)
+    assert time.perf_counter() - start < 2.0
+
+
+def test_failed_write_leaves_nothing(tmp_path, monkeypatch):
+    """A write that fails after staging (here: the rename) removes its temporary files and the
+    folders it made; the error is one OutputFileError line naming the path and the reason."""
+    from autopar.errors import OutputFileError
+    from autopar.io import write_outputs
+
+    def refuse(src, dst):
+        raise OSError(28, "No space left on device")
+
+    monkeypatch.setattr(os, "replace", refuse)
+    target = tmp_path / "new" / "deeper" / "plan.json"
+    with pytest.raises(OutputFileError, match="No space left on device") as info:
+        write_outputs({target: "{}", tmp_path / "new" / "launch.sh": "#!/bin/sh\n"}, force=False)
+    assert "deeper/plan.json" in str(info.value)  # the path, cut in the middle to 80 characters
+    assert list(tmp_path.iterdir()) == []
+
+
+def test_write_outputs_is_all_or_nothing(tmp_path):
+    """One existing target refuses the whole set before anything is written."""
+    from autopar.errors import OutputFileError
+    from autopar.io import write_outputs
+
+    (tmp_path / "b.json").write_text("keep")
+    with pytest.raises(OutputFileError, match="exists; pass --force"):
+        write_outputs({tmp_path / "a.json": "new", tmp_path / "b.json": "new"}, force=False)
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["b.json"]
+    assert (tmp_path / "b.json").read_text() == "keep"
+    write_outputs({tmp_path / "a.json": "new", tmp_path / "b.sh": "#!/bin/sh\n"}, force=True)
+    assert (tmp_path / "a.json").read_text() == "new"
+    assert os.stat(tmp_path / "b.sh").st_mode & 0o100

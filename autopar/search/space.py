@@ -41,9 +41,10 @@ RECOMPUTE_CHOICES = {
 # exchange dominates, so such cp are not generated (a pinned cp is still tried).
 MIN_TOKENS_PER_CP_RANK = 1024
 DEFAULT_MEMORY_MARGIN = 0.1  # fraction of HBM kept free for what no model sees (allocator spikes, NCCL growth)
-# Raw plans enumerated before the space is refused (about 10x DeepSeek-V3 on 2,048 H800): the search's
-# time is bounded by construction, not by the user's patience.
-MAX_RAW_CANDIDATES = 500_000
+# A space with more raw plans than this is refused before any plan is built (count_raw_candidates), so
+# a search's time and memory are bounded by construction. About twice the largest realistic space:
+# DeepSeek-V3 on 2,048 H800 at its published global batch of 15,360 sequences has 130,752.
+MAX_RAW_CANDIDATES = 250_000
 _MAX_DIVISOR_INPUT = max(MAX_GPUS, MAX_GLOBAL_BATCH, MAX_SEQ_LEN, MAX_EXPERTS, MAX_HEADS)
 
 
@@ -199,6 +200,19 @@ def raw_candidates(spec: SpaceSpec) -> Iterator[ParallelPlan]:
                                         cp_comm_type=_CP_COMM_TYPE[spec.framework])
 
 
+def count_raw_candidates(spec: SpaceSpec) -> int:
+    """len(list(raw_candidates(spec))) without building a plan: the same loops, multiplied out over
+    the axes that do not depend on the micro batch."""
+    per_rest = len(zero_options(spec)) * len(recompute_options(spec))
+    total = 0
+    for tp, pp, cp, dp in model_parallel_degrees(spec):
+        experts = sum(len(etp_options(spec, tp)) for _ in ep_options(spec, tp, pp)) * len(sp_options(spec, tp))
+        for mbs in mbs_options(spec, dp):
+            m = spec.global_batch // (dp * mbs) if dp * mbs else 0
+            total += len(vpp_options(spec, pp, m)) * experts * per_rest
+    return total
+
+
 # How each framework exchanges K/V under context parallelism: Megatron's ring (p2p) by default,
 # torchtitan all-gathers K/V (torch's context_parallel), DeepSpeed has no CP.
 _CP_COMM_TYPE = {"megatron": "p2p", "deepspeed": "p2p", "torchtitan": "allgather"}
@@ -214,11 +228,12 @@ def candidates(spec: SpaceSpec) -> list[ParallelPlan]:
         from autopar.export import framework_refusals
 
         refusals = framework_refusals
-    for count, plan in enumerate(raw_candidates(spec), 1):
-        if count > MAX_RAW_CANDIDATES:
-            raise InvalidPlanError(f"the search space has over {MAX_RAW_CANDIDATES:,} candidate plans on "
-                                   f"{spec.num_gpus:,} GPUs; pin axes with --fix (e.g. mbs=1,vpp=1) or lower --max-tp, "
-                                   "the GPU count or the global batch")
+    count = count_raw_candidates(spec)
+    if count > MAX_RAW_CANDIDATES:
+        raise InvalidPlanError(f"the search space has {count:,} candidate plans on {spec.num_gpus:,} GPUs, over the "
+                               f"{MAX_RAW_CANDIDATES:,} a search takes; pin axes with --fix (e.g. mbs=1,vpp=1) or "
+                               "lower --max-tp, the GPU count or the global batch")
+    for plan in raw_candidates(spec):
         problems = plan_violations(plan, **kwargs)
         if not problems and refusals is not None:
             problems = refusals(spec.model_spec, spec.num_gpus, plan)
