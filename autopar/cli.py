@@ -325,9 +325,9 @@ def _picture_paths(path: str | None, with_memory: bool = True) -> list[str]:
 
     if not path or path == "-" or Path(path).suffix.lower() not in (".png", ".svg", ".pdf"):
         return []
-    from autopar.report.plots import matplotlib_available
+    from importlib.util import find_spec
 
-    if not matplotlib_available():
+    if find_spec("matplotlib") is None:  # drawn in the terminal instead
         return []
     return [path, _memory_picture_path(path)] if with_memory else [path]
 
@@ -434,6 +434,7 @@ def plan(
 
 @app.command()
 def compare(
+    ctx: typer.Context,
     plan_files: Annotated[Optional[list[str]], typer.Argument(help="Plan JSON files written by `autopar plan --out`.")] = None,
     plan_strings: Annotated[Optional[list[str]], typer.Option("--plan", help="A plan as 'tp=8,pp=8,mbs=1,recompute=full' (repeatable); needs MODEL etc. below or a plan file to take them from.")] = None,
     model: Annotated[Optional[str], typer.Option("--model", "-m", help="Model for --plan strings (default: the first plan file's).")] = None,
@@ -449,6 +450,13 @@ def compare(
 ) -> None:
     """Score several plans side by side; differences highlighted, the winner marked."""
     _check_choice(framework, ("megatron", "deepspeed", "torchtitan"), "--framework")
+    if not plan_strings:  # these options shape --plan strings only; without one they would be ignored
+        used = ("seq_len",) if from_deepspeed else ()
+        given = [p.opts[0] for p in ctx.command.params if p.name in ("global_batch", "seq_len", "framework")
+                 and p.name not in used and ctx.get_parameter_source(p.name) is click.core.ParameterSource.COMMANDLINE]
+        if given:
+            fail(f"{', '.join(given)} apply to --plan strings only, and none is given; drop {', '.join(given)} "
+                 "(plan files and imported configs carry their own)")
 
     def run():
         return api.compare_plans(plan_files or [], plan_strings or [], model=model, cluster=cluster, gpus=gpus,

@@ -76,7 +76,7 @@ def load_cost_model(name_or_path: str) -> tuple[CostModelFile, CostParams]:
     """A shipped cost model by name (e.g. "h100") or a path to a cost-model JSON file."""
     check_name(name_or_path, "cost model")
     path = Path(name_or_path).expanduser()
-    if not path.suffix:
+    if not path.suffix and "/" not in name_or_path:  # a name; anything with a folder is a path
         path = data_dir("cost_models") / f"{name_or_path}.json"
         if not path.is_file():
             raise InputFileError(f"unknown cost model {clip_repr(name_or_path)}; shipped: {', '.join(list_cost_models())}, "

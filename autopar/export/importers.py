@@ -131,8 +131,8 @@ def _is_file(text: str) -> bool:
     if "\n" in text or text.lstrip().startswith("-"):
         return False
     try:
-        return Path(text).is_file()
-    except OSError:  # e.g. a whole argument string is too long for a file name
+        return Path(text).exists()  # a directory or a device too: reading it says why it is no script
+    except (OSError, ValueError):  # e.g. a whole argument string is too long for a file name
         return False
 
 
