@@ -84,7 +84,6 @@ ModelArg = Annotated[str, typer.Argument(help="A preset name (see `autopar model
 ClusterOpt = Annotated[str, typer.Option("--cluster", "-c", help="A cluster profile name (see `autopar clusters`) or a YAML file.")]
 GpusOpt = Annotated[int, typer.Option("--gpus", "-n", min=1, max=MAX_GPUS, help="Number of GPUs; must fill whole nodes unless it is less than one node.")]
 SeqOpt = Annotated[Optional[int], typer.Option("--seq-len", "-s", min=1, max=MAX_SEQ_LEN, help="Sequence length in tokens; default: the model's.")]
-BatchOpt = Annotated[Optional[int], typer.Option("--global-batch", "-b", min=1, max=MAX_GLOBAL_BATCH, help="Global batch size in sequences.")]
 ForceOpt = Annotated[bool, typer.Option("--force", help="Overwrite existing output files (refused otherwise).")]
 JsonOpt = Annotated[bool, typer.Option("--json", help="Print machine-readable JSON instead of tables.")]
 CostModelOpt = Annotated[Optional[str], typer.Option("--cost-model", help="A shipped cost model name or a cost-model JSON file; default: the one for the cluster's GPU.")]
