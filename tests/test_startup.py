@@ -43,7 +43,9 @@ def test_search_does_not_import_or_tools():
 def test_model_catalog_is_current_and_equals_the_graphs():
     """The shipped catalogue (what `autopar models` prints) is fresh and equals the built graphs."""
     data = json.loads(catalog.CATALOG_PATH.read_text())
-    assert data["fingerprint"] == catalog.fingerprint(), "run: python -m autopar.catalog"
+    assert data["fingerprint"] == catalog.fingerprint(), (
+        "the preset catalogue is stale (presets, graph or ModelSpec changed): run `python -m autopar.catalog` "
+        "and commit autopar/model_catalog.json")
     assert data["models"] == catalog.computed_rows()
 
 
