@@ -1,21 +1,27 @@
-"""The search driver: enumerate, bound, score, refine.
+"""The search driver: enumerate, bound, score, refine, rank.
 
-1. Enumerate the flat candidate list (autopar.search.space): every valid combination of degrees,
-   micro batch, ZeRO stage and recompute mode, with the default layer split.
-2. Bound: each candidate gets a cheap lower bound on its step time (autopar.search.costs: the
-   estimate's pipeline closed form over exact per-rank times). Candidates are visited best-first
-   in ascending bound order (ties by the plan's axes), and the walk stops as soon as a bound
-   exceeds the K-th best step time found so far — no later candidate can enter the top K. Plans
-   differing only in micro batch share one group bound until the group could still win.
-3. Score: a visited candidate whose first/last pipeline rank already overflows memory (the
-   estimate's own rank memory) is pruned; the rest are scored by `estimate`, the one model.
+1. Enumerate the valid candidates (autopar.search.space) as Drafts: every valid combination of
+   degrees, micro batch, ZeRO stage and recompute mode, with the default layer split.
+2. Bound: candidates nest as layouts (tp, cp, ep, etp, sp) ⊃ families (+ pp, ZeRO) ⊃ groups (all
+   but the micro batch) ⊃ plans; each level has a lower bound on the step time of everything
+   below it (autopar.search.costs: the estimate's own per-layer times), a family whose model
+   states alone overflow is dropped whole, and a level is expanded only when popped. Plans are
+   visited best-first in ascending bound order (ties by the plan's axes) until a bound exceeds
+   the best time of the top-th distinct family (autopar.search.rank.family): no later candidate
+   can enter the raw top K or change a family's best among them.
+3. Score: a visited candidate whose first/last pipeline rank already overflows memory is pruned;
+   the rest are scored by `estimate`, the one model (a plan that can change neither the raw top K
+   nor its family's best is deferred to step 5).
 4. Refine: for the best visited candidates, the partition DP (partition.py; vpp = 1) moves layers
-   between stages and the CP-SAT model (ilp.py) picks per-stage recompute, mapped onto full(K); the
-   refined plans are scored by `estimate` too, so a refinement is kept only when the estimate says
-   it is faster and fits.
+   between stages and the recompute program (ilp.py) picks per-stage recompute, mapped onto
+   full(K); the refined plans are scored by `estimate` too, so a refinement is kept only when
+   the estimate says it is faster and fits.
+5. Rank: inside the equivalence band of the fastest, each family's simplest plan is priced
+   (`_price_equivalents`), and autopar.search.rank lists the distinct alternatives.
 
-Step 2–3 is exact over the enumerated space: the best plan equals the minimum of `estimate` over
-every candidate (tests check this against brute force). Refinement can only improve on it.
+Steps 2–3 are exact over the enumerated space: the best plan equals the minimum of `estimate`
+over every candidate, and the distinct alternatives equal those of every candidate priced (tests
+check both against brute force). Refinement can only improve on it.
 """
 
 from __future__ import annotations
