@@ -23,7 +23,8 @@ import json
 import shlex
 from typing import Any
 
-from autopar.export.common import cluster_block, header, layer_counts, node_shape, refuse, require_exportable
+from autopar.export.common import (cluster_block, header, layer_counts, node_shape, plan_layout, refuse,
+                                   require_exportable)
 from autopar.schema.plan import ParallelPlan
 from autopar.schema.plan_file import PlanFile
 
@@ -77,11 +78,11 @@ def export_deepspeed(pf: PlanFile) -> dict[str, Any]:
     """The ds_config dict; ExportError names what DeepSpeed cannot express."""
     plan = require_exportable(pf, "deepspeed")
     refuse("deepspeed", deepspeed_refusals(pf, plan))
-    dp = plan.dp_for(pf.target.gpus)
+    layout = plan_layout(pf, plan)
     config: dict[str, Any] = {
         "train_batch_size": plan.global_batch,
         "train_micro_batch_size_per_gpu": plan.mbs,
-        "gradient_accumulation_steps": plan.global_batch // (plan.mbs * dp),
+        "gradient_accumulation_steps": layout.num_microbatches,
         "gradient_clipping": 1.0,
         "steps_per_print": 10,
         "bf16": {"enabled": True},

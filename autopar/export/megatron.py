@@ -17,7 +17,8 @@ The arguments are checked with megatron_rules before a script is written.
 from __future__ import annotations
 
 from autopar.errors import ExportError
-from autopar.export.common import TORCHRUN, bash_array, cluster_block, header, layer_counts, refuse, require_exportable
+from autopar.export.common import (TORCHRUN, bash_array, cluster_block, header, layer_counts, plan_layout, refuse,
+                                   require_exportable)
 from autopar.export.megatron_rules import format_layout, megatron_notes, megatron_violations
 from autopar.schema.model import ModelSpec, MoESpec
 from autopar.schema.plan import ParallelPlan
@@ -143,11 +144,11 @@ def _parallel_args(pf: PlanFile, plan: ParallelPlan) -> list[str]:
         args += ["--num-virtual-stages-per-pipeline-rank", str(plan.vpp)]
     if plan.zero == 1:
         args.append("--use-distributed-optimizer")
-    dp = plan.dp_for(pf.target.gpus)
-    if plan.zero_shard_size is not None and plan.zero_shard_size < dp:
+    layout = plan_layout(pf, plan)
+    if layout.dp_replicate > 1:
         if plan.zero != 1:
             refuse("megatron", ["zero_shard_size needs the distributed optimizer (zero 1); set zero 1 or drop it"])
-        args += ["--num-distributed-optimizer-instances", str(dp // plan.zero_shard_size)]
+        args += ["--num-distributed-optimizer-instances", str(layout.dp_replicate)]
     return args
 
 
