@@ -21,7 +21,7 @@ from autopar.export.common import (TORCHRUN, bash_array, cluster_block, header, 
                                    require_exportable)
 from autopar.export.megatron_rules import format_layout, megatron_notes, megatron_violations
 from autopar.schema.model import ModelSpec, MoESpec
-from autopar.schema.plan import ParallelPlan
+from autopar.schema.plan import ParallelPlan, Precision, RecomputeMode
 from autopar.schema.plan_file import PlanFile
 
 # autopar cp_comm_type -> the value Transformer Engine's attention takes (Megatron passes it through)
@@ -154,11 +154,11 @@ def _parallel_args(pf: PlanFile, plan: ParallelPlan) -> list[str]:
 
 def _recompute_args(plan: ParallelPlan) -> list[str]:
     rc = plan.recompute
-    if rc.mode == "selective":
+    if rc.mode == RecomputeMode.SELECTIVE:
         return ["--recompute-granularity", "selective", "--recompute-modules", *rc.modules]
-    if rc.mode == "full" and rc.num_layers is None:
+    if rc.mode == RecomputeMode.FULL and rc.num_layers is None:
         return ["--recompute-granularity", "full", "--recompute-method", "uniform", "--recompute-num-layers", "1"]
-    if rc.mode == "full":
+    if rc.mode == RecomputeMode.FULL:
         return ["--recompute-granularity", "full", "--recompute-method", "block",
                 "--recompute-num-layers", str(rc.num_layers)]
     return []
@@ -166,7 +166,7 @@ def _recompute_args(plan: ParallelPlan) -> list[str]:
 
 def _step_args(plan: ParallelPlan) -> list[str]:
     args = ["--micro-batch-size", str(plan.mbs), "--global-batch-size", str(plan.global_batch), "--bf16"]
-    if plan.precision == "fp8":
+    if plan.precision == Precision.FP8:
         args += list(FP8_ARGS)
     if plan.overlap_grad_reduce:
         args.append("--overlap-grad-reduce")

@@ -25,9 +25,9 @@ from __future__ import annotations
 import shlex
 
 from autopar.cost.layout import Layout
-from autopar.export.common import (DEFAULT_GPUS_PER_NODE, TORCHRUN, bash_array, cluster_block, header, layer_counts, plan_layout, refuse,
-                                   require_exportable)
-from autopar.schema.plan import ParallelPlan
+from autopar.export.common import (DEFAULT_GPUS_PER_NODE, TORCHRUN, bash_array, cluster_block, header, layer_counts,
+                                   plan_layout, refuse, require_exportable)
+from autopar.schema.plan import ParallelPlan, RecomputeMode
 from autopar.schema.plan_file import PlanFile
 
 # (autopar preset, precision) -> (torchtitan --module, --config), torchtitan 0.3.0 config_registry
@@ -78,7 +78,7 @@ def torchtitan_refusals(pf: PlanFile, plan: ParallelPlan) -> list[str]:
     if plan.cp > 1 and plan.cp_comm_type != "allgather":
         out.append(f"cp_comm_type {plan.cp_comm_type}: torchtitan's context parallelism all-gathers K/V (torch's "
                    "default rotate method); plan cp_comm_type allgather")
-    if plan.recompute.mode == "full" and plan.recompute.num_layers is not None:
+    if plan.recompute.mode == RecomputeMode.FULL and plan.recompute.num_layers is not None:
         out.append(f"full recompute of {plan.recompute.num_layers} layers per stage: torchtitan checkpoints every "
                    "block or none; use full recompute of every layer")
     return out
