@@ -23,6 +23,7 @@ from __future__ import annotations
 
 import math
 from dataclasses import dataclass
+from functools import cached_property
 
 from autopar.cost import comm, memory
 from autopar.cost.layer import Spans
@@ -43,9 +44,10 @@ def stage_layer_counts(num_layers: int, stages: int) -> tuple[int, ...]:
     return tuple(counts)
 
 
-@dataclass(frozen=True, slots=True)
+@dataclass(frozen=True)
 class Layout:
-    """Degrees, derived group sizes and group spans of one plan on `num_gpus` GPUs."""
+    """Degrees of one plan on `num_gpus` GPUs, and every size, shard, span and count derived from
+    them (cached properties: the search builds thousands of layouts and reads a few of each)."""
 
     num_gpus: int
     num_layers: int  # decoder layers of the model
@@ -57,23 +59,11 @@ class Layout:
     etp: int
     vpp: int
     dp: int
-    edp: int  # expert data-parallel size: gpus / (etp · ep · pp)
     num_microbatches: int  # per step per pipeline: global batch / (dp · mbs)
     dp_shard: int  # data-parallel ranks one sharded copy spans: zero_shard_size, else dp
-    dp_replicate: int  # copies of the sharded state: dp / dp_shard (HSDP replicas, optimizer instances)
-    dense_shard: int  # ranks the dense ZeRO state is sharded over: dp_shard · cp
-    expert_shard: int  # ranks the expert ZeRO state is sharded over: edp / dp_replicate
     zero: int
-    stage_counts: tuple[int, ...]  # decoder layers per virtual stage, execution order (pp·vpp entries)
-    inflight: tuple[int, ...]  # microbatches (1F1B) or model chunks (interleaved) in flight per pp rank
+    layers_per_stage: tuple[int, ...] | None  # the plan's own split, if any
     tied_embedding_copy: bool  # the last pipeline rank also holds the word embedding (Megatron, tied, pp > 1)
-    tp_span: comm.GroupSpan
-    cp_span: comm.GroupSpan
-    ep_span: comm.GroupSpan
-    etp_span: comm.GroupSpan
-    dp_span: comm.GroupSpan  # the dense gradient / ZeRO group: dp·cp ranks, stride tp
-    edp_span: comm.GroupSpan  # the expert gradient / ZeRO group: edp ranks, stride etp·ep
-    pp_crosses_nodes: bool
 
     @classmethod
     def of(cls, plan: ParallelPlan, cluster: Cluster, graph: ModelGraph) -> "Layout":
@@ -85,30 +75,76 @@ class Layout:
     def build(cls, plan: ParallelPlan, num_gpus: int, gpus_per_node: int, num_layers: int,
               tie_embeddings: bool = False) -> "Layout":
         """The layout from plain numbers (exporters have a plan file, not a loaded cluster)."""
-        tp, pp, cp, ep, etp = plan.tp, plan.pp, plan.cp, plan.ep, plan.expert_tp
         dp = plan.dp_for(num_gpus)
-        edp = max(num_gpus // (etp * ep * pp), 1)
-        m = plan.num_microbatches(num_gpus)
-        dp_shard = plan.zero_shard_size or dp
-        replicas = max(dp // dp_shard, 1)
-        gpn = gpus_per_node
-        if plan.vpp > 1:
-            inflight = tuple(memory.inflight_chunks_interleaved(pp, plan.vpp, r, m) for r in range(pp))
-        else:
-            inflight = tuple(memory.inflight_microbatches_1f1b(pp, r, m) for r in range(pp))
-        return cls(
-            num_gpus=num_gpus, num_layers=num_layers, gpus_per_node=gpn, tp=tp, pp=pp, cp=cp, ep=ep, etp=etp, vpp=plan.vpp, dp=dp,
-            edp=edp, num_microbatches=m, dp_shard=dp_shard, dp_replicate=replicas, dense_shard=dp_shard * cp,
-            expert_shard=max(edp // replicas, 1),
-            zero=plan.zero,
-            stage_counts=plan.layers_per_stage or stage_layer_counts(num_layers, pp * plan.vpp),
-            inflight=inflight,
-            tied_embedding_copy=tie_embeddings and pp > 1 and plan.framework == Framework.MEGATRON,
-            tp_span=comm.group_span(tp, 1, gpn), cp_span=comm.group_span(cp, tp, gpn),
-            ep_span=comm.group_span(ep, etp, gpn), etp_span=comm.group_span(etp, 1, gpn),
-            dp_span=comm.group_span(dp * cp, tp, gpn), edp_span=comm.group_span(edp, etp * ep, gpn),
-            pp_crosses_nodes=tp * cp * dp >= gpn and num_gpus > gpn,
-        )
+        return cls(num_gpus=num_gpus, num_layers=num_layers, gpus_per_node=gpus_per_node, tp=plan.tp, pp=plan.pp,
+                   cp=plan.cp, ep=plan.ep, etp=plan.expert_tp, vpp=plan.vpp, dp=dp,
+                   num_microbatches=plan.num_microbatches(num_gpus), dp_shard=plan.zero_shard_size or dp,
+                   zero=plan.zero, layers_per_stage=plan.layers_per_stage,
+                   tied_embedding_copy=tie_embeddings and plan.pp > 1 and plan.framework == Framework.MEGATRON)
+
+    @cached_property
+    def edp(self) -> int:
+        """Expert data-parallel size: gpus / (etp · ep · pp)."""
+        return max(self.num_gpus // (self.etp * self.ep * self.pp), 1)
+
+    @cached_property
+    def dp_replicate(self) -> int:
+        """Copies of the sharded state: dp / dp_shard (HSDP replicas, Megatron optimizer instances)."""
+        return max(self.dp // self.dp_shard, 1)
+
+    @cached_property
+    def dense_shard(self) -> int:
+        """Ranks the dense ZeRO state is sharded over: dp_shard · cp."""
+        return self.dp_shard * self.cp
+
+    @cached_property
+    def expert_shard(self) -> int:
+        """Ranks the expert ZeRO state is sharded over: edp / dp_replicate."""
+        return max(self.edp // self.dp_replicate, 1)
+
+    @cached_property
+    def stage_counts(self) -> tuple[int, ...]:
+        """Decoder layers per virtual stage in execution order (pp·vpp entries): the plan's, or the default."""
+        return self.layers_per_stage or self.default_stage_counts
+
+    @cached_property
+    def inflight(self) -> tuple[int, ...]:
+        """Microbatches (1F1B) or model chunks (interleaved) in flight on each pipeline rank at its peak."""
+        pp, m = self.pp, self.num_microbatches
+        if self.vpp > 1:
+            return tuple(memory.inflight_chunks_interleaved(pp, self.vpp, r, m) for r in range(pp))
+        return tuple(memory.inflight_microbatches_1f1b(pp, r, m) for r in range(pp))
+
+    @cached_property
+    def tp_span(self) -> comm.GroupSpan:
+        return comm.group_span(self.tp, 1, self.gpus_per_node)
+
+    @cached_property
+    def cp_span(self) -> comm.GroupSpan:
+        return comm.group_span(self.cp, self.tp, self.gpus_per_node)
+
+    @cached_property
+    def ep_span(self) -> comm.GroupSpan:
+        return comm.group_span(self.ep, self.etp, self.gpus_per_node)
+
+    @cached_property
+    def etp_span(self) -> comm.GroupSpan:
+        return comm.group_span(self.etp, 1, self.gpus_per_node)
+
+    @cached_property
+    def dp_span(self) -> comm.GroupSpan:
+        """The dense gradient / ZeRO group: dp·cp ranks at stride tp."""
+        return comm.group_span(self.dp * self.cp, self.tp, self.gpus_per_node)
+
+    @cached_property
+    def edp_span(self) -> comm.GroupSpan:
+        """The expert gradient / ZeRO group: edp ranks at stride etp·ep."""
+        return comm.group_span(self.edp, self.etp * self.ep, self.gpus_per_node)
+
+    @cached_property
+    def pp_crosses_nodes(self) -> bool:
+        """Pipeline neighbours sit tp·cp·dp ranks apart: in different nodes once that fills a node."""
+        return self.tp * self.cp * self.dp >= self.gpus_per_node and self.num_gpus > self.gpus_per_node
 
     @property
     def default_stage_counts(self) -> tuple[int, ...]:
