@@ -34,6 +34,8 @@ def load_inputs(model: str, cluster: str, gpus: int, cost_model: str | None = No
 
 def load_target_model(model: str, spec: ModelSpec) -> ModelGraph:
     """A plan file's model: by name or path when it is still there, else from the spec the file recorded."""
-    if model in PRESET_NAMES or Path(model).expanduser().exists():
-        return load_model(model)
-    return build_graph(spec)
+    try:
+        available = model in PRESET_NAMES or Path(model).expanduser().exists()
+    except (OSError, ValueError):  # a name no file system holds (too long, a NUL): use the stored spec
+        available = False
+    return load_model(model) if available else build_graph(spec)

@@ -15,6 +15,8 @@ from typing import Any, Literal
 from pydantic import BaseModel, ConfigDict, Field, model_validator
 
 from autopar.errors import InvalidPlanError
+from autopar.limits import MAX_GLOBAL_BATCH, MAX_GPUS, MAX_LAYERS, MAX_SEQ_LEN, clip, clip_repr
+from autopar.schema.types import Count, Flag, Real
 
 PLAN_SCHEMA_VERSION = 1
 RECOMPUTE_MODULES = ("core_attn", "layernorm", "mlp", "moe", "moe_act", "shared_experts", "mla_up_proj")
@@ -67,7 +69,7 @@ class Recompute(BaseModel):
 
     mode: RecomputeMode = Field(RecomputeMode.SELECTIVE, description="none | selective | full.")
     modules: tuple[str, ...] = Field(("core_attn",), description="Modules recomputed under selective.")
-    num_layers: int | None = Field(None, ge=0, description="Full: layers per virtual stage recomputed; None = all.")
+    num_layers: Count | None = Field(None, ge=0, le=MAX_LAYERS, description="Full: layers per virtual stage recomputed; None = all.")
 
     @model_validator(mode="after")
     def _check(self) -> "Recompute":
@@ -89,37 +91,37 @@ class ParallelPlan(BaseModel):
 
     model_config = _FROZEN
 
-    tp: int = Field(1, ge=1, description="Tensor-parallel degree.")
-    pp: int = Field(1, ge=1, description="Pipeline-parallel degree.")
-    cp: int = Field(1, ge=1, description="Context-parallel degree (sequence split in attention).")
-    ep: int = Field(1, ge=1, description="Expert-parallel degree (MoE models).")
-    etp: int | None = Field(None, ge=1, description="Expert tensor-parallel degree; None = tp.")
-    vpp: int = Field(1, ge=1, description="Virtual stages per pipeline rank (interleaved 1F1B when > 1).")
-    mbs: int = Field(1, ge=1, description="Micro-batch size (sequences).")
-    global_batch: int = Field(..., ge=1, description="Global batch size (sequences).")
-    seq_len: int = Field(..., ge=1, description="Training sequence length (tokens).")
-    zero: int = Field(1, ge=0, le=3, description="ZeRO stage: 1 = Megatron distributed optimizer, 3 = FSDP full shard.")
-    zero_shard_size: int | None = Field(None, ge=1, description="Hybrid sharding group size; None = all of dp.")
-    sp: bool | None = Field(None, description="Sequence parallelism; None = on when tp > 1.")
+    tp: Count = Field(1, ge=1, le=MAX_GPUS, description="Tensor-parallel degree.")
+    pp: Count = Field(1, ge=1, le=MAX_GPUS, description="Pipeline-parallel degree.")
+    cp: Count = Field(1, ge=1, le=MAX_GPUS, description="Context-parallel degree (sequence split in attention).")
+    ep: Count = Field(1, ge=1, le=MAX_GPUS, description="Expert-parallel degree (MoE models).")
+    etp: Count | None = Field(None, ge=1, le=MAX_GPUS, description="Expert tensor-parallel degree; None = tp.")
+    vpp: Count = Field(1, ge=1, le=MAX_LAYERS, description="Virtual stages per pipeline rank (interleaved 1F1B when > 1).")
+    mbs: Count = Field(1, ge=1, le=MAX_GLOBAL_BATCH, description="Micro-batch size (sequences).")
+    global_batch: Count = Field(..., ge=1, le=MAX_GLOBAL_BATCH, description="Global batch size (sequences).")
+    seq_len: Count = Field(..., ge=1, le=MAX_SEQ_LEN, description="Training sequence length (tokens).")
+    zero: Count = Field(1, ge=0, le=3, description="ZeRO stage: 1 = Megatron distributed optimizer, 3 = FSDP full shard.")
+    zero_shard_size: Count | None = Field(None, ge=1, le=MAX_GPUS, description="Hybrid sharding group size; None = all of dp.")
+    sp: Flag | None = Field(None, description="Sequence parallelism; None = on when tp > 1.")
     recompute: Recompute = Field(default_factory=Recompute, description="Activation recomputation.")
     precision: Precision = Field(Precision.BF16, description="Compute precision of the GEMMs.")
-    overlap_grad_reduce: bool = Field(True, description="Overlap DP gradient reduction with backward.")
-    overlap_param_gather: bool = Field(True, description="Overlap ZeRO parameter all-gather with compute; "
+    overlap_grad_reduce: Flag = Field(True, description="Overlap DP gradient reduction with backward.")
+    overlap_param_gather: Flag = Field(True, description="Overlap ZeRO parameter all-gather with compute; "
                                        "when not given, on exactly when parameters are gathered (zero >= 1).")
-    tp_comm_overlap: bool = Field(False, description="Overlap TP communication with GEMMs (needs sp).")
+    tp_comm_overlap: Flag = Field(False, description="Overlap TP communication with GEMMs (needs sp).")
     cp_comm_type: Literal["p2p", "a2a", "allgather"] = Field(
         "p2p", description="Context-parallel attention (Megatron --cp-comm-type): p2p ring with K/V exchange "
         "overlapped, a2a (Ulysses: heads scattered, needs kv heads / tp divisible by cp), allgather of K/V.")
     moe_dispatcher: Literal["alltoall", "allgather"] = Field(
         "alltoall", description="MoE token dispatcher (Megatron --moe-token-dispatcher-type).")
-    moe_load_imbalance: float = Field(
+    moe_load_imbalance: Real = Field(
         1.25, ge=1.0, description="Tokens on the busiest expert rank over the mean, for dropless routing. Default "
         "1.25: the capacity factor Switch Transformer recommends (Fedus et al. 2022 §2.2) as the load margin.")
-    moe_capacity_factor: float | None = Field(
+    moe_capacity_factor: Real | None = Field(
         None, gt=0, description="Expert capacity factor (Megatron --moe-expert-capacity-factor); None = dropless. "
         "Tokens beyond capacity are dropped, so the busiest rank carries min(imbalance, capacity factor).")
     framework: Framework = Field(Framework.MEGATRON, description="Target framework.")
-    layers_per_stage: tuple[int, ...] | None = Field(
+    layers_per_stage: tuple[Count, ...] | None = Field(
         None, description="Decoder layers per virtual stage (pp·vpp entries, in execution order); None = "
         "even, with any remainder taken off the first and last stages (they hold embedding and head).")
 
@@ -129,7 +131,8 @@ class ParallelPlan(BaseModel):
         """Without a sharded optimizer there is no parameter all-gather to overlap, and Megatron
         refuses --overlap-param-gather without --use-distributed-optimizer."""
         if isinstance(data, dict) and data.get("overlap_param_gather") is None:
-            data = {**data, "overlap_param_gather": data.get("zero", 1) >= 1}
+            zero = data.get("zero", 1)
+            data = {**data, "overlap_param_gather": not isinstance(zero, int) or isinstance(zero, bool) or zero >= 1}
         return data
 
     @property
@@ -245,29 +248,33 @@ _INT_AXES = ("tp", "pp", "dp", "cp", "ep", "etp", "vpp", "mbs", "zero")
 
 
 def parse_assignments(text: str, what: str = "--fix") -> dict[str, Any]:
-    """'tp=8,pp=16,mbs=1,recompute=full,sp=on' -> typed dict, with one-line errors."""
+    """'tp=8,pp=16,mbs=1,recompute=full,sp=on' -> typed dict, with one-line errors. An axis given
+    twice is refused (not "the last wins")."""
     out: dict[str, Any] = {}
     for part in filter(None, (x.strip() for x in text.split(","))):
         key, sep, value = part.partition("=")
         key, value = key.strip(), value.strip()
         if not sep or not value:
-            raise InvalidPlanError(f"{what} entry {part!r} must look like axis=value, e.g. tp=8")
+            raise InvalidPlanError(f"{what} entry {clip_repr(part)} must look like axis=value, e.g. tp=8")
+        if key in out:
+            raise InvalidPlanError(f"{what} gives {clip(key)} twice; give each axis once")
         if key in _INT_AXES:
-            if not value.isdigit():
-                raise InvalidPlanError(f"{what} {key}={value!r}: the value must be a whole number")
+            if not (value.isascii() and value.isdigit()):
+                raise InvalidPlanError(f"{what} {key}={clip_repr(value)}: the value must be a whole number")
             lowest = 0 if key == "zero" else 1
-            if int(value) < lowest or (key == "zero" and int(value) > 3):
-                rule = "between 0 and 3" if key == "zero" else "at least 1"
-                raise InvalidPlanError(f"{what} {key}={value}: {key} must be {rule}")
+            highest = {"zero": 3, "vpp": MAX_LAYERS, "mbs": MAX_GLOBAL_BATCH}.get(key, MAX_GPUS)
+            if not lowest <= int(value) <= highest:
+                raise InvalidPlanError(f"{what} {key}={clip(value)}: {key} must be from {lowest} to {highest:,}")
             out[key] = int(value)
         elif key == "sp":
             if value.lower() not in ("on", "off", "true", "false", "1", "0"):
-                raise InvalidPlanError(f"{what} sp={value!r}: use sp=on or sp=off")
+                raise InvalidPlanError(f"{what} sp={clip_repr(value)}: use sp=on or sp=off")
             out[key] = value.lower() in ("on", "true", "1")
         elif key == "recompute":
             out[key] = value
         else:
-            raise InvalidPlanError(f"{what} names unknown axis {key!r}; axes are {', '.join(_INT_AXES)}, sp, recompute")
+            raise InvalidPlanError(f"{what} names unknown axis {clip_repr(key)}; axes are {', '.join(_INT_AXES)}, sp, "
+                                   "recompute")
     return out
 
 
