@@ -14,6 +14,14 @@ exactly as `estimate` does).
     cheapest decoder's recompute time.
   memory_lower_bound_bytes: the exact peak of the first and the last pipeline rank (the estimate's
     own `rank_memory`); the plan's peak is the maximum over all ranks, so this is a lower bound.
+  rank_memory_lower_bound_bytes: the same two ranks from the tables (states, in-flight saved
+    activations, recompute working bytes; no graph walk), ≤ memory_lower_bound_bytes (tested).
+  layout_bound_s ≤ family_bound_s ≤ group_bound_s ≤ time_lower_bound_s: one table's time sum
+    bounds every plan of a layout (tp, cp, ep, etp, sp), a family (+ pp, ZeRO), a micro-batch group.
+  states_lower_bound_bytes: the mean rank's model states, a bound for a whole family.
+
+Candidates may be search.space.Drafts (NamedTuples with ParallelPlan's own properties); a
+validated ParallelPlan is built (`as_plan`) only where the estimate's functions need one.
 """
 
 from __future__ import annotations
@@ -152,7 +160,7 @@ def layer_table(graph: ModelGraph, cluster: Cluster, plan: ParallelPlan, p: Cost
 
 class Pricer:
     """Tables and bounds for one (model, cluster, cost model); candidates that share a split share
-    a table, and `setup` results are shared per (split, dp)."""
+    a table, and Layouts are shared per degrees, batch and ZeRO stage."""
 
     def __init__(self, graph: ModelGraph, cluster: Cluster, p: CostParams) -> None:
         self.graph, self.cluster, self.p = graph, cluster, p
