@@ -25,7 +25,8 @@ import numpy as np
 
 from autopar.cost import comm, memory
 from autopar.cost.layer import BF16_BYTES, layer_cost
-from autopar.cost.params import CostParams
+from autopar.cost.frameworks import framework_profile
+from autopar.cost.params import CostParams, for_framework
 from autopar.cost.step import (
     pipeline_step_s,
     rank_memory,
@@ -74,11 +75,13 @@ def split_key(plan: ParallelPlan) -> tuple:
     """What a layer's cost depends on; pp, vpp, zero and the recompute mode do not enter."""
     modules = plan.recompute.modules if plan.recompute.mode == "selective" else ("core_attn",)
     return (plan.tp, plan.sequence_parallel, plan.cp, plan.ep, plan.expert_tp, plan.mbs, plan.seq_len,
-            plan.precision, plan.tp_comm_overlap, modules)
+            plan.precision, plan.tp_comm_overlap, plan.framework, modules)
 
 
 def layer_table(graph: ModelGraph, cluster: Cluster, plan: ParallelPlan, p: CostParams) -> LayerTable:
     """The table of `plan`'s split, from the estimate's per-layer functions."""
+    p = for_framework(p, plan.framework)
+    policy = framework_profile(plan.framework).selective_policy
     st = setup(graph, cluster, plan, p)
     modules = split_key(plan)[-1]
     mode_plans = {m: plan.model_copy(update={"recompute": Recompute(mode=m, modules=modules)}) for m in MODES}
@@ -91,7 +94,7 @@ def layer_table(graph: ModelGraph, cluster: Cluster, plan: ParallelPlan, p: Cost
             acts = {m: stage_activation_bytes([layer], mp, st.split.tokens) for m, mp in mode_plans.items()}
             dense, expert, _ = stage_params([layer], plan, False, graph.layers[0])
             dec = layer.kind in ("dense", "moe")
-            kind_to_row[key] = (dec, c.fwd_s + c.bwd_s, {m: c.recompute_s(m, modules) if dec else 0.0 for m in MODES},
+            kind_to_row[key] = (dec, c.fwd_s + c.bwd_s, {m: c.recompute_s(m, modules, policy) if dec else 0.0 for m in MODES},
                                 dense, expert, acts)
         rows.append(kind_to_row[key])
     p2p_bytes = st.split.tokens * graph.spec.hidden_size * BF16_BYTES / (plan.tp if plan.sequence_parallel else 1)
@@ -177,14 +180,17 @@ class Pricer:
     def _state_bytes_per_param(self, plan: ParallelPlan) -> tuple[float, float]:
         """Bytes of weights + grads + optimizer per local dense / expert parameter. The shard is the
         cost model's DP group (dp·cp, `setup`'s dp_span); experts shard over the expert DP group (edp)."""
-        key = (plan.tp, plan.cp, plan.pp, plan.ep, plan.expert_tp, plan.zero, plan.zero_shard_size)
+        key = (plan.tp, plan.cp, plan.pp, plan.ep, plan.expert_tp, plan.zero, plan.zero_shard_size, plan.framework)
         if key not in self._key_to_states:
             st = setup(self.graph, self.cluster, plan, self.p)
             shard = plan.zero_shard_size or st.dp_span.size
             expert_shard = min(plan.zero_shard_size, st.edp) if plan.zero_shard_size else st.edp
             fw = plan.framework
-            self._key_to_states[key] = (sum(memory.model_state_bytes(1.0, fw, plan.zero, shard).values()),
-                                        sum(memory.model_state_bytes(1.0, fw, plan.zero, expert_shard).values()))
+            # A lower bound: gradients a framework frees between steps (FSDP2) are left out.
+            persistent = framework_profile(fw).persistent_gradients
+            self._key_to_states[key] = (
+                memory.resident_state_bytes(memory.model_state_bytes(1.0, fw, plan.zero, shard), persistent, 1),
+                memory.resident_state_bytes(memory.model_state_bytes(1.0, fw, plan.zero, expert_shard), persistent, 1))
         return self._key_to_states[key]
 
     def memory_lower_bound_bytes(self, plan: ParallelPlan) -> float:
@@ -220,8 +226,11 @@ def stage_memory_model(graph: ModelGraph, cluster: Cluster, plan: ParallelPlan, 
     """The linear memory model of a plan's ranks (matches `rank_memory` for ZeRO < 3, tested)."""
     st = setup(graph, cluster, plan, p)
     shard = plan.zero_shard_size or st.dp * plan.cp
-    per_dense = sum(memory.model_state_bytes(1.0, plan.framework, plan.zero, shard).values())
-    per_expert = sum(memory.model_state_bytes(1.0, plan.framework, plan.zero, min(shard, st.edp)).values())
+    persistent = framework_profile(plan.framework).persistent_gradients
+    per_dense = memory.resident_state_bytes(memory.model_state_bytes(1.0, plan.framework, plan.zero, shard),
+                                            persistent, st.m)
+    per_expert = memory.resident_state_bytes(
+        memory.model_state_bytes(1.0, plan.framework, plan.zero, min(shard, st.edp)), persistent, st.m)
     cap = cluster.hbm_bytes * (1.0 - memory_margin)
     usable = (cap - p.cuda_context_bytes - p.comm_buffer_bytes) / (1.0 + p.fragmentation)
     tied = graph.spec.tie_embeddings and plan.pp > 1 and plan.framework == "megatron"
