@@ -115,8 +115,7 @@ def test_fsdp_exposed_time_equals_the_per_unit_sum_when_nothing_hides():
     from autopar.cost.layer import LayerCost
 
     zero_cost = LayerCost(0, 0, 0, 0, 0, 0, 0, 0, ())
-    costs = {"dense": zero_cost}
-    got = fsdp.exposed_per_microbatch_s([[layer]], costs, plan, st.dp_span, cluster, P, False)
+    got = fsdp.exposed_per_microbatch_s([(layer, zero_cost, "full")], plan, st.dp_span, cluster, P)
     want = sum(3 * comm.all_gather_s(u * 2, st.dp_span, cluster, P) + comm.reduce_scatter_s(u * 2, st.dp_span, cluster, P)
                for u in fsdp.gather_units(layer, plan, "module"))
     assert got == pytest.approx(want, rel=1e-12)

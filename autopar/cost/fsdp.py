@@ -66,35 +66,29 @@ def exposed_pass_s(comm_s: list[float], compute_s: list[float], prefetch_depth: 
     return exposed
 
 
-def exposed_per_microbatch_s(chunks: list[list[Layer]], costs: dict[str, LayerCost], plan: ParallelPlan,
-                             span: comm.GroupSpan, cluster: Cluster, p: CostParams, tied: bool) -> float:
-    """Exposed ZeRO-3/FSDP communication of one microbatch on one pipeline rank (0 below ZeRO 3)."""
+def exposed_per_microbatch_s(layers: list[tuple[Layer, LayerCost, str]], plan: ParallelPlan,
+                             span: comm.GroupSpan, cluster: Cluster, p: CostParams) -> float:
+    """Exposed ZeRO-3/FSDP communication of one microbatch on one pipeline rank (0 below ZeRO 3).
+    `layers`: the rank's layers in execution order with their cost and recompute mode."""
     if plan.zero < 3 or span.size <= 1:
         return 0.0
-    from autopar.cost.step import _layer_key, _recompute_mode
-
     fw = framework_profile(plan.framework)
     grad_bytes = GRAD_REDUCE_BYTES[plan.framework]
     fwd_comm, fwd_compute, bwd_comm, bwd_compute, ahead = [], [], [], [], []
     limit = fw.prefetch_max_params
-    for chunk in chunks:
-        position = 0
-        for layer in chunk:
-            c = costs[_layer_key(layer)]
-            mode = "none"
-            if layer.kind in ("dense", "moe"):
-                mode = _recompute_mode(plan, position)
-                position += 1
-            units = gather_units(layer, plan, fw.gather_unit)
-            backward_gathers = fw.gathers_under_full_recompute - 1 if mode == "full" else 1
-            fwd_s, bwd_s = c.fwd_compute_s / len(units or [1]), (c.bwd_compute_s + (c.fwd_compute_s if mode == "full" else 0.0)) / len(units or [1])
-            for u in units:  # a layer's compute is shared evenly by its units
-                gather = comm.all_gather_s(u * BF16_BYTES, span, cluster, p)
-                fwd_comm.append(gather)
-                fwd_compute.append(fwd_s)
-                bwd_comm.append(backward_gathers * gather + comm.reduce_scatter_s(u * grad_bytes, span, cluster, p))
-                bwd_compute.append(bwd_s)
-                ahead.append(limit is None or u <= limit)
+    for layer, c, mode in layers:
+        units = gather_units(layer, plan, fw.gather_unit)
+        backward_gathers = fw.gathers_under_full_recompute - 1 if mode == "full" else 1
+        share = len(units or [1])  # a layer's compute is shared evenly by its units
+        fwd_s = c.fwd_compute_s / share
+        bwd_s = (c.bwd_compute_s + (c.fwd_compute_s if mode == "full" else 0.0)) / share
+        for u in units:
+            gather = comm.all_gather_s(u * BF16_BYTES, span, cluster, p)
+            fwd_comm.append(gather)
+            fwd_compute.append(fwd_s)
+            bwd_comm.append(backward_gathers * gather + comm.reduce_scatter_s(u * grad_bytes, span, cluster, p))
+            bwd_compute.append(bwd_s)
+            ahead.append(limit is None or u <= limit)
     d = fw.prefetch_depth
     return (exposed_pass_s(fwd_comm, fwd_compute, d, ahead)
             + exposed_pass_s(bwd_comm[::-1], bwd_compute[::-1], d, ahead[::-1]))

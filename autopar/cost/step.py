@@ -207,6 +207,20 @@ def stage_time(stage: list[Layer], costs: dict[str, LayerCost], plan: ParallelPl
     return fwd, bwd, rec, parts
 
 
+def rank_layers(chunks: list[list[Layer]], costs: dict[str, LayerCost], plan: ParallelPlan) -> list[tuple]:
+    """(layer, its cost, its recompute mode) of a pipeline rank's chunks in execution order."""
+    out = []
+    for chunk in chunks:
+        position = 0
+        for layer in chunk:
+            mode = "none"
+            if layer.kind in ("dense", "moe"):
+                mode = _recompute_mode(plan, position)
+                position += 1
+            out.append((layer, costs[_layer_key(layer)], mode))
+    return out
+
+
 def stage_params(stage: list[Layer], plan: ParallelPlan, tied_copy: bool, embedding: Layer) -> tuple[float, float, float]:
     """(dense params on one GPU, expert params on one GPU, largest layer) of one virtual stage."""
     dense = expert = largest = 0.0
@@ -344,7 +358,7 @@ def estimate(graph: ModelGraph, cluster: Cluster, plan: ParallelPlan, p: CostPar
         slack = r * (b[-1] / plan.vpp)  # later ranks finish their last backward earlier
         dp_exposed = max(dp_exposed, _exposed_dp_s(sync, b[-1], plan) - slack)
         dp_exposed = max(dp_exposed, st.m * fsdp.exposed_per_microbatch_s(
-            chunks, costs, plan, st.dp_span, cluster, p, graph.spec.tie_embeddings))
+            rank_layers(chunks, costs, plan), plan, st.dp_span, cluster, p))
         stage_rows.append(StageEstimate(rank=r, layers=tuple(sum(1 for x in ch if x.kind in ("dense", "moe"))
                                                              for ch in chunks),
                                         fwd_s=f[-1], bwd_s=b[-1], recompute_s=rec[-1], params=dense + expert,

@@ -165,16 +165,16 @@ def _plan_row(plan, est) -> list[str]:
             f"{est.bubble_fraction:.1%}", f"{est.exposed_comm_fraction:.1%}"]
 
 
-_PLAN_COLUMNS = ("layout", "dp", "mbs", "zero", "recompute", "step", "tok/s/GPU (P10-P90)", "MFU", "memory",
+_PLAN_COLUMNS = ("layout", "dp", "mbs", "zero", "recompute", "step", "tok/s/GPU P10/P90", "MFU", "memory",
                  "bubble", "exposed comm")
 
 
 def _with_band(est) -> str:
-    """tokens/s/GPU with the leave-one-source-out error band of the plan's regime."""
-    if not est.tokens_per_s_per_gpu_high:
-        return f"{est.tokens_per_s_per_gpu:,.0f}"
-    return (f"{est.tokens_per_s_per_gpu:,.0f} ({est.tokens_per_s_per_gpu_low:,.0f}-"
-            f"{est.tokens_per_s_per_gpu_high:,.0f})")
+    """tokens/s/GPU with the leave-one-source-out error band of the plan's regime (P10/P90, relative)."""
+    tps = est.tokens_per_s_per_gpu
+    if not est.tokens_per_s_per_gpu_high or not tps:
+        return f"{tps:,.0f}"
+    return f"{tps:,.0f} {est.tokens_per_s_per_gpu_low / tps - 1:+.0%}/{est.tokens_per_s_per_gpu_high / tps - 1:+.0%}"
 
 
 def print_plans(console: Console, result) -> None:

@@ -2,7 +2,7 @@
 sources it was never fitted on.
 
 The bands are the 10th-90th percentile of the leave-one-source-out residuals (predicted/measured − 1,
-autopar.validate.loso) of each regime, computed once by `python -m autopar.validate.bands` and
+autopar.validate.loso) of each regime, computed once by `python -m autopar.validate.loso` and
 shipped as data (cost_models/bands/error_bands.json, with the command and date that produced them); an
 estimate never refits. A residual r means measured = predicted / (1 + r), so the band of a
 prediction T is [T / (1 + r90), T / (1 + r10)].
@@ -11,13 +11,11 @@ prediction T is [T / (1 + r90), T / (1 + r10)].
 from __future__ import annotations
 
 import json
-import math
 from dataclasses import dataclass
-from datetime import date
 from functools import lru_cache
 
 from autopar.data import data_dir
-from autopar.validate.regimes import REGIMES, primary_regime
+from autopar.validate.regimes import primary_regime
 
 BANDS_FILE = "error_bands.json"
 
@@ -64,33 +62,3 @@ def plan_band(moe: bool, seq_len: int, zero: int, precision: str) -> ErrorBand:
     return error_band(primary_regime(moe, seq_len, zero, precision))
 
 
-def _percentile(values: list[float], q: float) -> float:
-    ordered = sorted(values)
-    return ordered[min(len(ordered) - 1, max(0, math.ceil(q * len(ordered)) - 1))]
-
-
-def compute_bands(iters: int = 40) -> tuple[dict, dict]:
-    """Run the leave-one-source-out validation once: (bands file content, its --json summary)."""
-    from autopar.validate.loso import loso_predictions, residuals_by_regime, summarize_loso
-
-    preds = loso_predictions(iters=iters)
-    by_regime = residuals_by_regime(preds)
-    bands = {regime: {"p10": _percentile(r, 0.1), "p90": _percentile(r, 0.9), "runs": len(r)}
-             for regime, r in sorted(by_regime.items()) if regime in REGIMES}
-    content = {"provenance": {"command": f"python -m autopar.validate.bands --iters {iters}",
-                              "date": date.today().isoformat(),
-                              "method": "10th and 90th percentile of the signed leave-one-source-out residuals "
-                                        "(predicted/measured - 1) of the runs whose primary regime it is"},
-               "bands": bands}
-    return content, summarize_loso(preds)
-
-
-if __name__ == "__main__":
-    import sys
-
-    iters = int(sys.argv[sys.argv.index("--iters") + 1]) if "--iters" in sys.argv else 40
-    content, summary = compute_bands(iters)
-    out = data_dir("cost_models") / "bands" / BANDS_FILE
-    out.write_text(json.dumps(content, indent=2) + "\n", encoding="utf-8")
-    print(json.dumps(summary, indent=2))
-    print(f"wrote {out}")

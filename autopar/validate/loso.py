@@ -21,13 +21,17 @@ share of measured runs whose predicted plan fits in memory (every one of them re
 
 from __future__ import annotations
 
+import json
 import math
+from datetime import date
 from statistics import median
 from typing import Any
 
 from autopar.calibrate import LOSO_FREE_FOR_GPU, builtin_fit_runs, fit, fittable, without_frameworks
 from autopar.cost.params import load_cost_model, params_from_file
 from autopar.validate.dataset import MeasuredRun, load_runs
+from autopar.data import data_dir
+from autopar.validate.bands import BANDS_FILE
 from autopar.validate.regimes import REGIMES
 from autopar.validate.report import run_regimes
 from autopar.validate.runner import Prediction, predict
@@ -124,3 +128,33 @@ def residuals_by_regime(preds: list[Prediction]) -> dict[str, list[float]]:
         key = primary_regime(bool(r.arch.get("moe")), r.seq_len, pr.plan.zero, pr.plan.precision)
         out.setdefault(key, []).append(pr.error)
     return out
+
+
+def _percentile(values: list[float], q: float) -> float:
+    ordered = sorted(values)
+    return ordered[min(len(ordered) - 1, max(0, math.ceil(q * len(ordered)) - 1))]
+
+
+def compute_bands(iters: int = 40) -> tuple[dict, dict]:
+    """Run the leave-one-source-out validation once: (bands file content, its --json summary)."""
+    preds = loso_predictions(iters=iters)
+    by_regime = residuals_by_regime(preds)
+    bands = {regime: {"p10": _percentile(r, 0.1), "p90": _percentile(r, 0.9), "runs": len(r)}
+             for regime, r in sorted(by_regime.items()) if regime in REGIMES}
+    content = {"provenance": {"command": f"python -m autopar.validate.loso --iters {iters}",
+                              "date": date.today().isoformat(),
+                              "method": "10th and 90th percentile of the signed leave-one-source-out residuals "
+                                        "(predicted/measured - 1) of the runs whose primary regime it is"},
+               "bands": bands}
+    return content, summarize_loso(preds)
+
+
+if __name__ == "__main__":
+    import sys
+
+    iters = int(sys.argv[sys.argv.index("--iters") + 1]) if "--iters" in sys.argv else 40
+    content, summary = compute_bands(iters)
+    out = data_dir("cost_models") / "bands" / BANDS_FILE
+    out.write_text(json.dumps(content, indent=2) + "\n", encoding="utf-8")
+    print(json.dumps(summary, indent=2))
+    print(f"wrote {out}")
