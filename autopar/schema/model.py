@@ -11,6 +11,10 @@ from typing import Literal
 
 from pydantic import BaseModel, ConfigDict, Field, model_validator
 
+from autopar.limits import (MAX_EXPERTS, MAX_FFN_HIDDEN_SIZE, MAX_HEADS, MAX_HIDDEN_SIZE, MAX_LAYERS, MAX_SEQ_LEN,
+                            MAX_VOCAB_SIZE)
+from autopar.schema.types import Count, Flag
+
 _FROZEN = ConfigDict(frozen=True, extra="forbid")
 
 
@@ -19,11 +23,11 @@ class MLASpec(BaseModel):
 
     model_config = _FROZEN
 
-    q_lora_rank: int | None = Field(None, ge=1, description="Rank of the q down-projection; None = full-rank q.")
-    kv_lora_rank: int = Field(..., ge=1, description="Rank of the joint kv down-projection.")
-    qk_nope_head_dim: int = Field(..., ge=1, description="Per-head q/k dim without rotary embedding.")
-    qk_rope_head_dim: int = Field(..., ge=1, description="Per-head q/k dim with rotary (k part shared across heads).")
-    v_head_dim: int = Field(..., ge=1, description="Per-head value dim.")
+    q_lora_rank: Count | None = Field(None, ge=1, le=MAX_HIDDEN_SIZE, description="Rank of the q down-projection; None = full-rank q.")
+    kv_lora_rank: Count = Field(..., ge=1, le=MAX_HIDDEN_SIZE, description="Rank of the joint kv down-projection.")
+    qk_nope_head_dim: Count = Field(..., ge=1, le=MAX_HIDDEN_SIZE, description="Per-head q/k dim without rotary embedding.")
+    qk_rope_head_dim: Count = Field(..., ge=1, le=MAX_HIDDEN_SIZE, description="Per-head q/k dim with rotary (k part shared across heads).")
+    v_head_dim: Count = Field(..., ge=1, le=MAX_HIDDEN_SIZE, description="Per-head value dim.")
 
 
 class MoESpec(BaseModel):
@@ -31,14 +35,14 @@ class MoESpec(BaseModel):
 
     model_config = _FROZEN
 
-    num_experts: int = Field(..., ge=1, description="Routed experts per MoE layer.")
-    top_k: int = Field(..., ge=1, description="Experts each token is routed to.")
-    expert_ffn_hidden_size: int = Field(..., ge=1, description="Intermediate size of one routed expert.")
-    num_shared_experts: int = Field(0, ge=0, description="Always-active shared experts (DeepSeek).")
-    shared_expert_ffn_hidden_size: int = Field(0, ge=0, description="Intermediate size of one shared expert.")
-    first_k_dense: int = Field(0, ge=0, description="Leading decoder layers with a dense FFN (DeepSeek first_k_dense_replace).")
-    layer_freq: int = Field(1, ge=1, description="Every layer_freq-th layer (after first_k_dense) is MoE; 1 = all.")
-    shared_expert_gate: bool = Field(False, description="A sigmoid gate (h -> 1) on the shared expert (Qwen2-MoE).")
+    num_experts: Count = Field(..., ge=1, le=MAX_EXPERTS, description="Routed experts per MoE layer.")
+    top_k: Count = Field(..., ge=1, le=MAX_EXPERTS, description="Experts each token is routed to.")
+    expert_ffn_hidden_size: Count = Field(..., ge=1, le=MAX_FFN_HIDDEN_SIZE, description="Intermediate size of one routed expert.")
+    num_shared_experts: Count = Field(0, ge=0, le=MAX_EXPERTS, description="Always-active shared experts (DeepSeek).")
+    shared_expert_ffn_hidden_size: Count = Field(0, ge=0, le=MAX_FFN_HIDDEN_SIZE, description="Intermediate size of one shared expert.")
+    first_k_dense: Count = Field(0, ge=0, le=MAX_LAYERS, description="Leading decoder layers with a dense FFN (DeepSeek first_k_dense_replace).")
+    layer_freq: Count = Field(1, ge=1, le=MAX_LAYERS, description="Every layer_freq-th layer (after first_k_dense) is MoE; 1 = all.")
+    shared_expert_gate: Flag = Field(False, description="A sigmoid gate (h -> 1) on the shared expert (Qwen2-MoE).")
 
     @model_validator(mode="after")
     def _check(self) -> "MoESpec":
@@ -56,27 +60,27 @@ class ModelSpec(BaseModel):
 
     name: str = Field(..., min_length=1, description="Model name used in tables and exports.")
     source: str = Field("", description="Where the architecture numbers come from (paper, config.json).")
-    num_layers: int = Field(..., ge=1, description="Decoder layers (without MTP layers).")
-    hidden_size: int = Field(..., ge=1, description="Model width h.")
-    num_attention_heads: int = Field(..., ge=1, description="Query heads a.")
-    num_kv_heads: int | None = Field(None, ge=1, description="Key/value heads (GQA/MQA); None = num_attention_heads.")
-    head_dim: int | None = Field(None, ge=1, description="Per-head dim; None = hidden_size / num_attention_heads.")
-    ffn_hidden_size: int = Field(..., ge=1, description="Dense FFN intermediate size.")
-    vocab_size: int = Field(..., ge=1, description="Vocabulary size as stored in the embedding table.")
-    seq_length: int = Field(2048, ge=1, description="Default training sequence length.")
-    max_position_embeddings: int | None = Field(None, ge=1, description="Learned position table size; None = seq_length.")
+    num_layers: Count = Field(..., ge=1, le=MAX_LAYERS, description="Decoder layers (without MTP layers).")
+    hidden_size: Count = Field(..., ge=1, le=MAX_HIDDEN_SIZE, description="Model width h.")
+    num_attention_heads: Count = Field(..., ge=1, le=MAX_HEADS, description="Query heads a.")
+    num_kv_heads: Count | None = Field(None, ge=1, le=MAX_HEADS, description="Key/value heads (GQA/MQA); None = num_attention_heads.")
+    head_dim: Count | None = Field(None, ge=1, le=MAX_HIDDEN_SIZE, description="Per-head dim; None = hidden_size / num_attention_heads.")
+    ffn_hidden_size: Count = Field(..., ge=1, le=MAX_FFN_HIDDEN_SIZE, description="Dense FFN intermediate size.")
+    vocab_size: Count = Field(..., ge=1, le=MAX_VOCAB_SIZE, description="Vocabulary size as stored in the embedding table.")
+    seq_length: Count = Field(2048, ge=1, le=MAX_SEQ_LEN, description="Default training sequence length.")
+    max_position_embeddings: Count | None = Field(None, ge=1, le=MAX_SEQ_LEN, description="Learned position table size; None = seq_length.")
     activation: Literal["gelu", "swiglu"] = Field("swiglu", description="FFN activation: GeLU (2 matrices) or SwiGLU (3).")
     normalization: Literal["layernorm", "rmsnorm"] = Field("rmsnorm", description="LayerNorm has a bias, RMSNorm not.")
     position_embedding: Literal["learned", "rope"] = Field("rope", description="Learned absolute table or rotary.")
-    tie_embeddings: bool = Field(False, description="Output head shares the input embedding matrix.")
-    qkv_bias: bool = Field(False, description="Bias on the q, k, v projections.")
-    attn_out_bias: bool = Field(False, description="Bias on the attention output projection.")
-    mlp_bias: bool = Field(False, description="Biases on the FFN projections.")
-    qk_norm: bool = Field(False, description="Per-head RMSNorm on q and k (Qwen3).")
-    dropout: bool = Field(False, description="Attention/hidden dropout active in training (saves masks).")
+    tie_embeddings: Flag = Field(False, description="Output head shares the input embedding matrix.")
+    qkv_bias: Flag = Field(False, description="Bias on the q, k, v projections.")
+    attn_out_bias: Flag = Field(False, description="Bias on the attention output projection.")
+    mlp_bias: Flag = Field(False, description="Biases on the FFN projections.")
+    qk_norm: Flag = Field(False, description="Per-head RMSNorm on q and k (Qwen3).")
+    dropout: Flag = Field(False, description="Attention/hidden dropout active in training (saves masks).")
     mla: MLASpec | None = Field(None, description="Multi-head latent attention; None = standard attention.")
     moe: MoESpec | None = Field(None, description="Mixture of experts; None = dense FFN everywhere.")
-    mtp_layers: int = Field(0, ge=0, description="Multi-token-prediction modules (DeepSeek-V3: 1).")
+    mtp_layers: Count = Field(0, ge=0, le=MAX_LAYERS, description="Multi-token-prediction modules (DeepSeek-V3: 1).")
 
     @model_validator(mode="after")
     def _check_shapes(self) -> "ModelSpec":
