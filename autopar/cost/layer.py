@@ -18,6 +18,7 @@ from autopar.cost.compute import attention_time_s, gemm_time_s, memory_bound_tim
 from autopar.cost.params import CostParams
 from autopar.hardware import Cluster
 from autopar.model.graph import Layer
+from autopar.schema.plan import RecomputeMode
 
 # Gemm name prefixes -> Megatron recompute module that recomputes them under selective recompute.
 _GEMM_MODULE = {"mlp": "mlp", "expert": "moe", "shared": "shared_experts", "q_up": "mla_up_proj",
@@ -82,14 +83,14 @@ class LayerCost:
     def bwd_s(self) -> float:
         return self.bwd_compute_s + self.tp_comm_bwd_s + self.cp_comm_bwd_s + self.ep_comm_bwd_s
 
-    def recompute_s(self, mode: str, modules: tuple[str, ...], policy: str = "modules") -> float:
+    def recompute_s(self, mode: RecomputeMode, modules: tuple[str, ...], policy: str = "modules") -> float:
         """Forward time redone in backward. selective: the listed Megatron modules, or under the
         "op_sac" policy (torchtitan) the per-op policy's recomputed ops."""
-        if mode == "full":
+        if mode == RecomputeMode.FULL:
             return self.fwd_s
-        if mode == "selective" and policy == OP_SAC:
+        if mode == RecomputeMode.SELECTIVE and policy == OP_SAC:
             return dict(self.module_recompute_s).get(OP_SAC, 0.0)
-        if mode == "selective":
+        if mode == RecomputeMode.SELECTIVE:
             return sum(t for m, t in self.module_recompute_s if m in modules)
         return 0.0
 
