@@ -263,7 +263,15 @@ def validate(
     as_json: JsonOpt = False,
 ) -> None:
     """Compare predicted with measured tokens/s/GPU on the shipped measured runs."""
-    split: Annotated[str, typer.Option("--split", help="Which runs to score: holdout (a third of each source's model shapes), fit, or all. The shipped cost models are fitted on every split: the error on unseen data is --leave-one-source-out's.", callback=_choice(("holdout", "fit", "all"), "--split"))] = "holdout",
+    if leave_one_source_out:
+        from autopar.validate.loso import leave_one_source_out as loso
+
+        result = _run(lambda: loso(iters=iters, sources=set(source) if source else None))
+        if as_json:
+            _emit_json(result)
+        else:
+            tables.print_loso(out, result)
+        return
     from autopar.validate.report import validate as run_validate
 
     result = _run(lambda: run_validate(split, set(source) if source else None, cost_model))
