@@ -131,7 +131,7 @@ def test_torchtitan_op_sac_keeps_block_input_sdpa_output_and_half_the_matmul_out
 
 def _rank0(plan, cluster, p=P):
     st = setup(LLAMA8, cluster, plan, p)
-    chunks = assign_layers(LLAMA8, plan)
+    chunks = assign_layers(LLAMA8, st.layout)
     return rank_memory(0, chunks, LLAMA8, plan, st, p)
 
 
