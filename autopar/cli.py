@@ -36,7 +36,7 @@ def _console(**kwargs: Any) -> Callable[[], Any]:
     def make() -> Any:
         from rich.console import Console
 
-        return Console(highlight=False, **kwargs)
+        return Console(highlight=False, emoji=False, **kwargs)  # no :name: emoji codes in our output
     return make
 
 
