@@ -345,8 +345,8 @@ def test_export_refuses_plans_megatron_rejects():
                   parallel=ParallelPlan(global_batch=8, seq_len=4096))
     with pytest.raises(ExportError, match="--disable-bias-linear"):
         export(pf, "megatron")
-    with pytest.raises(ExportError, match="zero 3 is not available in megatron"):
-        export(plan_file("llama3-8b", 8, global_batch=8, seq_len=4096, zero=3), "megatron")
+    with pytest.raises(ExportError, match="zero 1 is not available in torchtitan"):
+        export(plan_file("llama3-8b", 8, global_batch=8, seq_len=4096, zero=1), "torchtitan")
 
 
 def test_unknown_format_lists_the_formats():
@@ -460,7 +460,10 @@ def test_torchtitan_pipeline_args():
     pf = titan("llama3-70b", 512, tp=8, pp=4, vpp=2, global_batch=512, seq_len=8192, zero=3,
                recompute=Recompute(mode="full"))
     args = torchtitan_args(pf)
-    assert args[:4] == ["--module", "llama3", "--config", "llama3_70b"]
+    assert args[:4] == ["--module", "autopar_torchtitan", "--config", "autopar_plan"]
+    module = export(pf, "torchtitan")["autopar_torchtitan.py"]
+    assert "from torchtitan.models.llama3.config_registry import llama3_70b" in module
+    assert "model_registry('70B', converters=converters)" in module
     assert flag(args, "--parallelism.tensor-parallel-degree") == "8"
     assert flag(args, "--parallelism.pipeline-parallel-degree") == "4"
     assert flag(args, "--parallelism.pipeline-parallel-schedule") == "Interleaved1F1B"
@@ -498,7 +501,7 @@ def test_torchtitan_launch_and_script():
     pf = titan("llama3-8b", 16, tp=2, global_batch=64, seq_len=4096, zero=2, tp_comm_overlap=True,
                recompute=Recompute(mode="none"))
     cmd = torchtitan_launch_command(pf)
-    assert "-m torchtitan.train --module llama3 --config llama3_8b" in cmd
+    assert "-m torchtitan.train --module autopar_torchtitan --config autopar_plan" in cmd
     assert cmd.endswith("activation-checkpoint:none") and '--hf-assets-path "$HF_ASSETS_PATH"' in cmd
     assert "--compile.enable-async-tensor-parallel" in cmd
     script = export(pf, "torchtitan")["launch_torchtitan.sh"]
@@ -506,8 +509,7 @@ def test_torchtitan_launch_and_script():
 
 
 @pytest.mark.parametrize("model,plan,reason", [
-    ("gpt3-175b", dict(tp=8, global_batch=64, seq_len=2048), "no torchtitan 0.3 config_registry entry"),
-    ("llama3.1-405b", dict(tp=8, pp=2, global_batch=64, seq_len=2048), "llama3.1-405b in bf16"),
+    ("gpt3-175b", dict(tp=8, global_batch=64, seq_len=2048), "no torchtitan 0.3 model_registry flavour"),
     ("deepseek-v3", dict(ep=8, etp=1, global_batch=64, seq_len=4096), "MTP"),
     ("llama3-8b", dict(cp=2, global_batch=64, seq_len=4096), "cp_comm_type p2p"),
     ("llama3-8b", dict(cp=2, cp_comm_type="allgather", zero=0, global_batch=64, seq_len=4096), "zero 0 with cp"),

@@ -247,17 +247,36 @@ TITAN_PLANS = {
 }
 
 
-@pytest.mark.parametrize("name", list(TITAN_PLANS))
-def test_torchtitan_parses_the_export(name):
+@pytest.fixture
+def titan_config(tmp_path, monkeypatch):
+    """torchtitan's ConfigManager on an export: the generated autopar_torchtitan.py on sys.path,
+    then the exported arguments parsed (the config_registry function runs, as at launch)."""
     pytest.importorskip("torchtitan")
     pytest.importorskip("torchtitan.models.llama3.config_registry")  # needs triton importable
+    import sys
+
     from torchtitan.config import ConfigManager
+
+    monkeypatch.syspath_prepend(str(tmp_path))
+
+    def parse(pf):
+        files = export(pf, "torchtitan")
+        (tmp_path / "autopar_torchtitan.py").write_text(files["autopar_torchtitan.py"])
+        sys.modules.pop("autopar_torchtitan", None)
+        return ConfigManager().parse_args(torchtitan_args(pf))
+
+    yield parse
+    sys.modules.pop("autopar_torchtitan", None)
+
+
+@pytest.mark.parametrize("name", list(TITAN_PLANS))
+def test_torchtitan_parses_the_export(name, titan_config):
     from torchtitan.distributed.activation_checkpoint import FullAC, SelectiveAC
     from torchtitan.distributed.parallel_dims import ParallelDims
 
     pf = TITAN_PLANS[name]()
     plan, gpus = pf.parallel, pf.target.gpus
-    config = ConfigManager().parse_args(torchtitan_args(pf))
+    config = titan_config(pf)
     par, train = config.parallelism, config.training
     assert len(config.model_spec.model.layers) == pf.target.model_spec.num_layers
     assert (par.tensor_parallel_degree, par.pipeline_parallel_degree, par.context_parallel_degree,

@@ -74,7 +74,7 @@ def saved_activation_bytes(layer: Layer, tokens: float, seq_len: int, tp: int, s
             continue
         if recompute == "selective" and act.module in modules:
             continue
-        per_token = act.bytes_per_token + act.bytes_per_token_per_seq * seq_len
+        per_token = act.bytes_per_token + act.bytes_per_token_per_seq * layer.scored_keys(seq_len)
         if fp8 and act.name in FP8_SAVED_GEMM_INPUTS:
             per_token /= 2
         total += per_token * tokens / activation_divisor(act.split, tp, sp)

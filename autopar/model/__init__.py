@@ -13,7 +13,7 @@ from pydantic import ValidationError
 from autopar.errors import InputFileError, SchemaError, UnknownModelError
 from autopar.model.build import build_graph
 from autopar.model.graph import Activation, Gemm, Layer, ModelGraph
-from autopar.model.hf_config import SUPPORTED_MODEL_TYPES, spec_from_hf_config
+from autopar.model.hf_config import SUPPORTED_MODEL_TYPES, config_name, spec_from_hf_config
 from autopar.model.presets import PRESET_NAMES, preset
 from autopar.schema import one_line
 from autopar.schema.model import ModelSpec
@@ -49,7 +49,7 @@ def _spec_from_file(path: Path) -> ModelSpec:
     data = _read_mapping(path)
     try:
         if "model_type" in data:
-            return spec_from_hf_config(data, name=data.get("_name_or_path") or path.parent.name or path.stem)
+            return spec_from_hf_config(data, name=config_name(data))
         data.setdefault("name", path.stem)
         return ModelSpec(**data)
     except ValidationError as exc:

@@ -1,6 +1,9 @@
 """Build a ModelSpec from a Hugging Face config.json, offline (the file only, never the hub).
 
-Field names follow transformers' configuration classes for each supported model_type.
+Field names follow transformers' configuration classes for each supported model_type, in both
+the transformers 4 and 5 spellings: RoPE as rope_theta + rope_scaling (4) or rope_parameters
+(5, possibly keyed by layer type), experts as num_experts or num_local_experts, the rotary share
+as rotary_pct or partial_rotary_factor, sliding windows as use_sliding_window or layer_types.
 """
 
 from __future__ import annotations
@@ -8,7 +11,7 @@ from __future__ import annotations
 from typing import Any, Callable
 
 from autopar.errors import SchemaError, UnsupportedModelError
-from autopar.schema.model import MLASpec, ModelSpec, MoESpec
+from autopar.schema.model import MLASpec, ModelSpec, MoESpec, RopeScaling
 
 
 def _get(cfg: dict, *keys: str, default: Any = None) -> Any:
@@ -24,6 +27,92 @@ def _require(cfg: dict, key: str, model_type: str) -> Any:
     return cfg[key]
 
 
+def _require_any(cfg: dict, keys: tuple[str, ...], model_type: str) -> Any:
+    value = _get(cfg, *keys)
+    if value is None:
+        raise SchemaError(f"config.json (model_type {model_type}) lacks '{keys[0]}' (or {', '.join(keys[1:])}); "
+                          "add it or pass a complete config.json")
+    return value
+
+
+def config_name(cfg: dict) -> str:
+    """A config's model name: its _name_or_path, else its architecture class, else its model_type
+    (never the folder it sits in, which is often a checkout or cache hash)."""
+    archs = cfg.get("architectures")
+    arch = archs[0] if isinstance(archs, list) and archs and isinstance(archs[0], str) else None
+    for name in (cfg.get("_name_or_path"), arch, cfg.get("model_type")):
+        if isinstance(name, str) and name.strip():
+            return name.strip()
+    return "hf-model"
+
+
+def _rope_parameters(cfg: dict) -> dict:
+    """The RoPE settings as one flat dict (rope_theta, rope_type, factor, ...): transformers 5's
+    rope_parameters (for the full-attention layers when keyed by layer type) or 4's rope_theta +
+    rope_scaling."""
+    params = cfg.get("rope_parameters")
+    if isinstance(params, dict) and params and all(isinstance(v, dict) for v in params.values()):
+        params = params.get("full_attention") or next(iter(params.values()))
+    out = dict(params) if isinstance(params, dict) else {}
+    scaling = cfg.get("rope_scaling")
+    if isinstance(scaling, dict):
+        out = {**scaling, **out}
+    if cfg.get("rope_theta") is not None:
+        out.setdefault("rope_theta", cfg["rope_theta"])
+    if out.get("rope_type") is None and out.get("type") is not None:
+        out["rope_type"] = out["type"]
+    return out
+
+
+def _rope_kwargs(cfg: dict, model_type: str, default_theta: float = 10000.0) -> dict:
+    """rope_theta and rope_scaling of the spec; unsupported scaling types are refused."""
+    rp = _rope_parameters(cfg)
+    kw: dict[str, Any] = {"rope_theta": float(rp.get("rope_theta", default_theta))}
+    rope_type = rp.get("rope_type") or "default"
+    if rope_type == "default" or (rope_type == "linear" and float(rp.get("factor", 1.0)) == 1.0):
+        return kw
+    if rope_type not in ("llama3", "yarn"):
+        raise SchemaError(f"config.json (model_type {model_type}): RoPE scaling {rope_type!r} is not supported "
+                          "(llama3 and yarn are); remove rope_scaling or describe the model as a YAML layer graph")
+    orig = _get(rp, "original_max_position_embeddings", default=cfg.get("max_position_embeddings"))
+    if orig is None:
+        raise SchemaError(f"config.json (model_type {model_type}): {rope_type} RoPE scaling lacks "
+                          "'original_max_position_embeddings'; add it")
+    fields = ("low_freq_factor", "high_freq_factor") if rope_type == "llama3" else \
+        ("beta_fast", "beta_slow", "mscale", "mscale_all_dim")
+    extra = {k: float(rp[k]) for k in fields if rp.get(k) is not None}
+    kw["rope_scaling"] = RopeScaling(type=rope_type, factor=float(_require(rp, "factor", model_type)),
+                                     original_max_position_embeddings=int(orig), **extra)
+    return kw
+
+
+def _sliding_window(cfg: dict, model_type: str, num_layers: int) -> int | None:
+    """The attention window when every layer slides (Mistral; Qwen with use_sliding_window and
+    max_window_layers 0); None for full attention; mixed per-layer windows are refused."""
+    window = cfg.get("sliding_window")
+    types = cfg.get("layer_types")
+    if isinstance(types, list) and types:
+        sliding = [t == "sliding_attention" for t in types]
+    elif model_type in ("qwen2", "qwen3", "qwen3_moe"):
+        if not cfg.get("use_sliding_window"):
+            return None
+        first = cfg.get("max_window_layers", num_layers)  # layers i >= max_window_layers slide
+        sliding = [i >= first for i in range(num_layers)]
+    else:
+        return int(window) if window else None
+    if not any(sliding) or not window:
+        return None
+    if not all(sliding):
+        raise SchemaError(f"config.json (model_type {model_type}): sliding-window attention on {sum(sliding)} of "
+                          f"{len(sliding)} layers is not supported (one window for every layer is); describe the "
+                          "model as a YAML layer graph")
+    return int(window)
+
+
+# transformers' configuration-class defaults where config.json omits the epsilon
+_DEFAULT_NORM_EPS = {"mixtral": 1e-5, "gpt_neox": 1e-5, "gpt2": 1e-5}
+
+
 def _common(cfg: dict, name: str, model_type: str) -> dict:
     heads = _require(cfg, "num_attention_heads", model_type)
     return dict(
@@ -35,6 +124,9 @@ def _common(cfg: dict, name: str, model_type: str) -> dict:
         vocab_size=_require(cfg, "vocab_size", model_type),
         seq_length=min(_get(cfg, "max_position_embeddings", default=4096), 8192),
         tie_embeddings=bool(cfg.get("tie_word_embeddings", False)),
+        norm_epsilon=float(_get(cfg, "rms_norm_eps", "layer_norm_eps", "layer_norm_epsilon",
+                                default=_DEFAULT_NORM_EPS.get(model_type, 1e-6))),
+        **_rope_kwargs(cfg, model_type),
     )
 
 
@@ -42,15 +134,20 @@ def _llama_like(cfg: dict, name: str, model_type: str) -> dict:
     kw = _common(cfg, name, model_type)
     bias = bool(cfg.get("attention_bias", model_type == "qwen2"))
     kw.update(qkv_bias=bias, attn_out_bias=bias and model_type != "qwen2", mlp_bias=bool(cfg.get("mlp_bias", False)),
-              qk_norm=model_type in ("qwen3", "qwen3_moe"))
+              qk_norm=model_type in ("qwen3", "qwen3_moe"),
+              sliding_window=_sliding_window(cfg, model_type, kw["num_layers"]))
     return kw
+
+
+_NUM_EXPERTS = ("num_local_experts", "num_experts", "n_routed_experts")  # transformers 4/5 spellings
 
 
 def _mixtral(cfg: dict, name: str, model_type: str) -> dict:
     kw = _llama_like(cfg, name, model_type)
-    kw["moe"] = MoESpec(num_experts=_require(cfg, "num_local_experts", model_type),
+    kw["moe"] = MoESpec(num_experts=_require_any(cfg, _NUM_EXPERTS, model_type),
                         top_k=_require(cfg, "num_experts_per_tok", model_type),
-                        expert_ffn_hidden_size=kw["ffn_hidden_size"])
+                        expert_ffn_hidden_size=kw["ffn_hidden_size"],
+                        aux_loss_coeff=float(_get(cfg, "router_aux_loss_coef", default=0.0)))
     return kw
 
 
@@ -58,10 +155,12 @@ def _qwen3_moe(cfg: dict, name: str, model_type: str) -> dict:
     kw = _llama_like(cfg, name, model_type)
     if cfg.get("mlp_only_layers"):
         raise SchemaError("config.json: mlp_only_layers is not supported; describe the model as a YAML layer graph")
-    kw["moe"] = MoESpec(num_experts=_require(cfg, "num_experts", model_type),
+    kw["moe"] = MoESpec(num_experts=_require_any(cfg, _NUM_EXPERTS, model_type),
                         top_k=_require(cfg, "num_experts_per_tok", model_type),
                         expert_ffn_hidden_size=_require(cfg, "moe_intermediate_size", model_type),
-                        layer_freq=cfg.get("decoder_sparse_step", 1))
+                        layer_freq=cfg.get("decoder_sparse_step", 1),
+                        norm_topk_prob=bool(cfg.get("norm_topk_prob", False)),
+                        aux_loss_coeff=float(_get(cfg, "router_aux_loss_coef", default=0.0)))
     return kw
 
 
@@ -76,11 +175,31 @@ def _deepseek_v3(cfg: dict, name: str, model_type: str) -> dict:
                         v_head_dim=_require(cfg, "v_head_dim", model_type))
     shared = cfg.get("n_shared_experts") or 0
     expert_ffn = _require(cfg, "moe_intermediate_size", model_type)
-    kw["moe"] = MoESpec(num_experts=_require(cfg, "n_routed_experts", model_type),
+    kw["moe"] = MoESpec(num_experts=_require_any(cfg, ("n_routed_experts", "num_local_experts", "num_experts"),
+                                                 model_type),
                         top_k=_require(cfg, "num_experts_per_tok", model_type), expert_ffn_hidden_size=expert_ffn,
                         num_shared_experts=shared, shared_expert_ffn_hidden_size=expert_ffn if shared else 0,
-                        first_k_dense=cfg.get("first_k_dense_replace", 0), layer_freq=cfg.get("moe_layer_freq", 1))
+                        first_k_dense=cfg.get("first_k_dense_replace", 0), layer_freq=cfg.get("moe_layer_freq", 1),
+                        **_deepseek_router(cfg, model_type))
     return kw
+
+
+def _deepseek_router(cfg: dict, model_type: str) -> dict:
+    """DeepSeek-V3's gate (modeling_deepseek.MoEGate): sigmoid scores in fp32, an e_score_correction
+    bias under topk_method noaux_tc, n_group/topk_group group-limited routing, routed_scaling_factor,
+    and a sequence-wise balance loss aux_loss_alpha when seq_aux."""
+    score = cfg.get("scoring_func", "sigmoid")
+    if score not in ("softmax", "sigmoid"):
+        raise SchemaError(f"config.json (model_type {model_type}): scoring_func {score!r} is not supported "
+                          "(softmax and sigmoid are)")
+    groups, group_topk = cfg.get("n_group"), cfg.get("topk_group")
+    grouped = groups is not None and group_topk is not None and groups > 1
+    return dict(score_function=score, norm_topk_prob=bool(cfg.get("norm_topk_prob", True)),
+                expert_bias=cfg.get("topk_method", "noaux_tc") == "noaux_tc",
+                num_groups=groups if grouped else None, group_topk=group_topk if grouped else None,
+                routed_scaling_factor=float(cfg.get("routed_scaling_factor", 1.0)),
+                aux_loss_coeff=float(_get(cfg, "aux_loss_alpha", "router_aux_loss_coef", default=0.0)),
+                aux_loss_per_sequence=bool(cfg.get("seq_aux", False)), router_fp32=True)
 
 
 def _gpt2(cfg: dict, name: str, model_type: str) -> dict:
@@ -94,7 +213,7 @@ def _gpt2(cfg: dict, name: str, model_type: str) -> dict:
         vocab_size=_require(cfg, "vocab_size", model_type), seq_length=positions, max_position_embeddings=positions,
         activation="gelu", normalization="layernorm", position_embedding="learned",
         tie_embeddings=cfg.get("tie_word_embeddings", True), qkv_bias=True, attn_out_bias=True, mlp_bias=True,
-        dropout=dropout,
+        dropout=dropout, norm_epsilon=float(cfg.get("layer_norm_epsilon", 1e-5)),
     )
 
 
@@ -102,8 +221,12 @@ def _gpt_neox(cfg: dict, name: str, model_type: str) -> dict:
     kw = _common(cfg, name, model_type)
     bias = bool(cfg.get("attention_bias", True))
     dropout = any((cfg.get(k) or 0) > 0 for k in ("hidden_dropout", "attention_dropout", "hidden_dropout_prob"))
+    rp = _rope_parameters(cfg)
     kw.update(activation="gelu", normalization="layernorm", qkv_bias=bias, attn_out_bias=bias, mlp_bias=True,
-              dropout=dropout, num_kv_heads=kw["num_attention_heads"])
+              dropout=dropout, num_kv_heads=kw["num_attention_heads"],
+              rope_theta=float(_get(rp, "rope_theta", default=_get(cfg, "rotary_emb_base", default=10000.0))),
+              rotary_percent=float(_get(cfg, "rotary_pct", "partial_rotary_factor",
+                                        default=_get(rp, "partial_rotary_factor", default=1.0))))
     return kw
 
 

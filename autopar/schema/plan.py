@@ -18,7 +18,8 @@ from autopar.errors import InvalidPlanError
 PLAN_SCHEMA_VERSION = 1
 RECOMPUTE_MODULES = ("core_attn", "layernorm", "mlp", "moe", "moe_act", "shared_experts", "mla_up_proj")
 FRAMEWORKS = ("megatron", "deepspeed", "torchtitan")
-FRAMEWORK_ZERO_STAGES = {"megatron": (0, 1), "deepspeed": (0, 1, 2, 3), "torchtitan": (0, 2, 3)}
+# Megatron: 2/3 are Megatron-FSDP (--data-parallel-sharding-strategy optim_grads / optim_grads_params)
+FRAMEWORK_ZERO_STAGES = {"megatron": (0, 1, 2, 3), "deepspeed": (0, 1, 2, 3), "torchtitan": (0, 2, 3)}
 
 _FROZEN = ConfigDict(frozen=True, extra="forbid")
 
@@ -147,7 +148,7 @@ def plan_violations(plan: ParallelPlan, num_gpus: int, num_layers: int, num_head
                    "change the global batch, the micro batch or the degrees")
     if plan.vpp > 1 and plan.pp == 1:
         out.append(f"vpp {plan.vpp} needs pp > 1 (interleaving splits each pipeline rank); set vpp 1 or pp > 1")
-    if num_layers % (plan.pp * plan.vpp) and plan.framework != "megatron":
+    if num_layers % (plan.pp * plan.vpp) and plan.framework == "deepspeed":
         out.append(f"{num_layers} layers do not split evenly over pp·vpp = {plan.pp}·{plan.vpp}; "
                    f"{plan.framework} needs an even split")
     if plan.layers_per_stage is not None and (

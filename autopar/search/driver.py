@@ -32,11 +32,11 @@ from autopar.cost.step import Estimate, estimate, stage_layer_counts
 from autopar.errors import NoFeasiblePlanError
 from autopar.hardware import Cluster
 from autopar.model.graph import ModelGraph
-from autopar.schema.plan import FRAMEWORK_ZERO_STAGES, ParallelPlan, Recompute, plan_violations
+from autopar.schema.plan import FRAMEWORK_ZERO_STAGES, ParallelPlan, Recompute
 from autopar.search.costs import Pricer, stage_inputs, stage_memory_model
 from autopar.search.ilp import recompute_problem, solve_recompute
 from autopar.search.partition import partition_layers
-from autopar.search.space import DEFAULT_MEMORY_MARGIN, SpaceSpec, candidates, space_spec_for
+from autopar.search.space import DEFAULT_MEMORY_MARGIN, SpaceSpec, candidates, plan_problems, space_spec_for
 from autopar.units import GiB
 
 Progress = Callable[[str, int, int], None]  # (phase, done, total); phases: score, refine
@@ -277,7 +277,7 @@ def _variants(spec: SpaceSpec, pricer: Pricer, plan: ParallelPlan, memory_margin
 
 def _score_refined(spec: SpaceSpec, pricer: Pricer, walk: _Walk, plan: ParallelPlan, memory_margin: float) -> None:
     """Price a refined plan; a mapped full(K) that the estimate finds over memory gets K raised."""
-    if plan_violations(plan, **spec.validator_kwargs()) or plan_key(plan) in walk.seen:
+    if plan_problems(spec, plan) or plan_key(plan) in walk.seen:
         return
     max_k = max(plan.layers_per_stage or stage_layer_counts(spec.num_layers, plan.pp * plan.vpp))
     while True:

@@ -188,7 +188,20 @@ def raw_candidates(spec: SpaceSpec) -> Iterator[ParallelPlan]:
                                         tp=tp, pp=pp, cp=cp, ep=ep, etp=etp, vpp=vpp, mbs=mbs,
                                         global_batch=spec.global_batch, seq_len=spec.seq_len, zero=zero, sp=sp,
                                         recompute=recompute, precision=spec.precision, framework=spec.framework,
-                                        cp_comm_type=_CP_COMM_TYPE[spec.framework])
+                                        cp_comm_type=_CP_COMM_TYPE[spec.framework],
+                                        layers_per_stage=framework_split(spec, pp, vpp))
+
+
+def framework_split(spec: SpaceSpec, pp: int, vpp: int) -> tuple[int, ...] | None:
+    """The layer split the target framework makes by itself when it differs from autopar's default:
+    torchtitan's (embedding and head weighed as one layer each); None = the default split."""
+    if spec.framework != "torchtitan" or pp == 1:
+        return None
+    from autopar.cost.step import stage_layer_counts
+    from autopar.export.torchtitan import torchtitan_layer_counts
+
+    counts = torchtitan_layer_counts(spec.num_layers, pp * vpp)
+    return counts if counts is not None and counts != stage_layer_counts(spec.num_layers, pp * vpp) else None
 
 
 # How each framework exchanges K/V under context parallelism: Megatron's ring (p2p) by default,
@@ -201,15 +214,8 @@ def candidates(spec: SpaceSpec) -> list[ParallelPlan]:
     `fix`: it quotes the validator on a pinned combination) or NoFeasiblePlanError (without)."""
     out, first_problem = [], None
     kwargs = spec.validator_kwargs()
-    refusals = None
-    if spec.framework != "megatron" and spec.model_spec is not None:
-        from autopar.export import framework_refusals
-
-        refusals = framework_refusals
     for plan in raw_candidates(spec):
-        problems = plan_violations(plan, **kwargs)
-        if not problems and refusals is not None:
-            problems = refusals(spec.model_spec, spec.num_gpus, plan)
+        problems = plan_problems(spec, plan, kwargs)
         if problems:
             first_problem = first_problem or problems
             continue
@@ -220,6 +226,18 @@ def candidates(spec: SpaceSpec) -> list[ParallelPlan]:
         error = InvalidPlanError if pinned else NoFeasiblePlanError
         raise error(f"no valid plan on {spec.num_gpus} GPUs{' with ' + pinned if pinned else ''}: {why}")
     return out
+
+
+def plan_problems(spec: SpaceSpec, plan: ParallelPlan, kwargs: dict | None = None) -> list[str]:
+    """The search's filter: the plan validator, then the target framework's export refusals (the
+    very function the exporters refuse with, autopar.export.framework_refusals). The driver
+    applies it to candidates and to the plans the DP/ILP refine them into."""
+    problems = plan_violations(plan, **(kwargs if kwargs is not None else spec.validator_kwargs()))
+    if problems or spec.framework == "megatron" or spec.model_spec is None:
+        return problems
+    from autopar.export import framework_refusals  # local: export imports the cost model
+
+    return framework_refusals(spec.model_spec, spec.num_gpus, plan)
 
 
 def _why_empty(spec: SpaceSpec) -> str:
