@@ -82,7 +82,8 @@ def transformer_config(a: dict):
         gated_linear_unit=a["swiglu"], activation_func=F.silu if a["swiglu"] else F.gelu,
         recompute_granularity=gran, recompute_method=a["recompute_method"],
         recompute_num_layers=a["recompute_num_layers"], recompute_modules=a["recompute_modules"],
-        tp_comm_overlap=a["tp_comm_overlap"], mtp_num_layers=a["mtp_num_layers"])
+        tp_comm_overlap=a["tp_comm_overlap"], mtp_num_layers=a["mtp_num_layers"],
+        layernorm_epsilon=a["layernorm_epsilon"], window_size=a["window_size"])
     if a["context_parallel_size"] > 1:
         kw["cp_comm_type"] = a["cp_comm_type"][0]
     if a["num_experts"]:
@@ -90,12 +91,30 @@ def transformer_config(a: dict):
                    moe_ffn_hidden_size=a["moe_ffn_hidden_size"], moe_layer_freq=a["moe_layer_freq"],
                    moe_shared_expert_intermediate_size=a["moe_shared_expert_intermediate_size"],
                    moe_grouped_gemm=a["moe_grouped_gemm"], moe_token_dispatcher_type=a["moe_token_dispatcher_type"],
-                   moe_expert_capacity_factor=a["moe_expert_capacity_factor"])
+                   moe_expert_capacity_factor=a["moe_expert_capacity_factor"],
+                   moe_router_score_function=a["moe_router_score_function"],
+                   moe_router_pre_softmax=a["moe_router_pre_softmax"],
+                   moe_router_enable_expert_bias=a["moe_router_enable_expert_bias"],
+                   moe_router_num_groups=a["moe_router_num_groups"], moe_router_group_topk=a["moe_router_group_topk"],
+                   moe_router_topk_scaling_factor=a["moe_router_topk_scaling_factor"],
+                   moe_router_dtype=a["moe_router_dtype"], **_one_or_list(a))
     if a["multi_latent_attention"]:
-        return MLATransformerConfig(**kw, q_lora_rank=a["q_lora_rank"], kv_lora_rank=a["kv_lora_rank"],
-                                    qk_head_dim=a["qk_head_dim"], qk_pos_emb_head_dim=a["qk_pos_emb_head_dim"],
-                                    v_head_dim=a["v_head_dim"])
+        mla = dict(q_lora_rank=a["q_lora_rank"], kv_lora_rank=a["kv_lora_rank"], qk_head_dim=a["qk_head_dim"],
+                   qk_pos_emb_head_dim=a["qk_pos_emb_head_dim"], v_head_dim=a["v_head_dim"],
+                   rotary_base=a["rotary_base"], rotary_percent=a["rotary_percent"],
+                   rotary_scaling_factor=a["rotary_scaling_factor"], mscale=a["mscale"],
+                   mscale_all_dim=a["mscale_all_dim"])
+        if a["rope_type"] is not None:  # as core_transformer_config_from_args: None keeps the class default
+            mla["rope_type"] = a["rope_type"]
+        return MLATransformerConfig(**kw, **mla)
     return TransformerConfig(**kw)
+
+
+def _one_or_list(a: dict) -> dict:
+    """--moe-router-load-balancing-type / --moe-aux-loss-coeff take nargs='+': one value is a scalar."""
+    types, coeffs = a["moe_router_load_balancing_type"], a["moe_aux_loss_coeff"]
+    return dict(moe_router_load_balancing_type=types[0] if len(types) == 1 else types,
+                moe_aux_loss_coeff=coeffs[0] if len(coeffs) == 1 else coeffs)
 
 
 def initialize(a: dict, config, world_size: int) -> None:
