@@ -167,6 +167,28 @@ def test_megatron_core_accepts_the_export(name, mcore, fake_world):
         destroy_num_microbatches_calculator()
 
 
+@pytest.mark.parametrize("name", ["megatron-fsdp zero3", "megatron-fsdp zero2 hsdp"])
+def test_megatron_fsdp_export_builds_megatron_cores_ddp_config(name, mcore):
+    """zero 2/3 under Megatron: the flags megatron/training builds DistributedDataParallelConfig
+    from (use_megatron_fsdp, data_parallel_sharding_strategy, the distributed optimizer, overlap,
+    optimizer instances = HSDP) give megatron-core's config the plan's ZeRO stage."""
+    from megatron.core.distributed import DistributedDataParallelConfig
+
+    pf = ROUND_TRIP[name]()
+    a = parse_megatron_argv(megatron_args(pf))
+    ddp = DistributedDataParallelConfig(
+        use_megatron_fsdp=a["use_megatron_fsdp"], data_parallel_sharding_strategy=a["data_parallel_sharding_strategy"],
+        use_distributed_optimizer=a["use_distributed_optimizer"], overlap_grad_reduce=a["overlap_grad_reduce"],
+        overlap_param_gather=a["overlap_param_gather"],
+        num_distributed_optimizer_instances=a["num_distributed_optimizer_instances"])
+    assert ddp.use_megatron_fsdp and ddp.use_distributed_optimizer
+    assert ddp.data_parallel_sharding_strategy == {2: "optim_grads", 3: "optim_grads_params"}[pf.parallel.zero]
+    dp = pf.parallel.dp_for(pf.target.gpus)
+    assert ddp.num_distributed_optimizer_instances == dp // (pf.parallel.zero_shard_size or dp)
+    assert a["ckpt_format"] == "fsdp_dtensor" and not a["gradient_accumulation_fusion"]
+    assert "unset CUDA_DEVICE_MAX_CONNECTIONS" in export(pf, "megatron")["launch_megatron.sh"]
+
+
 @pytest.mark.parametrize("changes,world", [
     ({"pipeline_model_parallel_layout": "Et*8|t*8|t*8|t*7L"}, 64),   # 31 decoders for 32 layers
     ({"pipeline_model_parallel_layout": "Et*8|t*8|t*8|t*8"}, 64),    # no loss stage

@@ -51,12 +51,17 @@ class Flavour:
     config_fn: str
     preset: str
     fixed: tuple[tuple[str, float], ...] = ()  # settings the flavour hard-codes: (spec path, value)
+    bf16_config_fn: str | None = None  # the recipe to start bf16 plans from, when config_fn builds float8
+
+    def recipe(self, fp8: bool) -> str:
+        return self.config_fn if fp8 or self.bf16_config_fn is None else self.bf16_config_fn
 
 
 FLAVOURS: tuple[Flavour, ...] = (
     Flavour("llama3", "8B", "llama3_8b", "llama3-8b"),
     Flavour("llama3", "70B", "llama3_70b", "llama3-70b"),
-    Flavour("llama3", "405B", "llama3_405b", "llama3.1-405b"),
+    # llama3_405b builds Float8Linear unconditionally: bf16 plans start from llama3_70b's recipe
+    Flavour("llama3", "405B", "llama3_405b", "llama3.1-405b", bf16_config_fn="llama3_70b"),
     Flavour("qwen3", "30B-A3B", "qwen3_30b_a3b", "qwen3-30b-a3b"),
     Flavour("deepseek_v3", "671B", "deepseek_v3_671b", "deepseek-v3", (("rope_scaling.mscale_all_dim", 1.0),)),
 )
@@ -298,14 +303,14 @@ def config_module(pf: PlanFile) -> str:
         *(["from torchtitan.models.common.moe import TokenChoiceTopKRouter"] if spec.moe else []),
         *(["from torchtitan.components.quantization import Float8LinearConverter"] if fp8 else []),
         f"from torchtitan.models.{flavour.module} import model_registry",
-        f"from torchtitan.models.{flavour.module}.config_registry import {flavour.config_fn}", "",
+        f"from torchtitan.models.{flavour.module}.config_registry import {flavour.recipe(fp8)}", "",
         f"ROPE = {_rope_fields(spec)!r}",
         f"NORM_EPS = {spec.norm_epsilon!r}",
         f"ROUTER = {_router_fields(spec)!r}",
         f"WEIGHT_TYING = {spec.tie_embeddings!r}",
         f"SEQ_LEN = {plan.seq_len}", "", "",
         f"def {CONFIG_FN}():",
-        f"    config = {flavour.config_fn}()",
+        f"    config = {flavour.recipe(fp8)}()",
         ("    converters = [Float8LinearConverter.Config(filter_fqns=['lm_head'], model_compile_enabled=True)]"
          if fp8 else "    converters = None"),
         f"    config.model_spec = model_registry({flavour.flavor!r}, converters=converters)",
