@@ -7,8 +7,9 @@ exporter refuses with the reason.
   them as core_transformer_config_from_args does; the expected values are read off the JSON.
 - torchtitan 0.3: the generated config_registry module and the arguments through torchtitan's
   ConfigManager; the model config's RoPE, norm and router configs carry the JSON's values.
-- DeepSpeed 0.19: the engine's config has no model section (the training script builds the
-  model from the config.json); DeepSpeedConfig parses what is exported (tests/test_export_frameworks).
+- DeepSpeed 0.19: the engine's config has no model section, so the export writes the model as a
+  config.json for the training script; its keys equal the input's, and DeepSpeedConfig parses the
+  ds_config.json at the plan's data-parallel size.
 Each framework test skips when the framework is not installed; CI installs them.
 """
 
@@ -26,7 +27,7 @@ from autopar.export.megatron_rules import megatron_violations, parse_megatron_ar
 from autopar.model import load_spec
 from autopar.schema.plan import ParallelPlan
 from autopar.schema.plan_file import PlanFile, PlanTarget
-from test_export_frameworks import titan_config, transformer_config  # noqa: F401
+from test_export_frameworks import deepspeed_config, fake_world, titan_config, transformer_config  # noqa: F401
 from test_model_hf_config import FIXTURES, transformers5
 
 warnings.filterwarnings("ignore", message=".*Transformer Engine and Apex are not installed.*")
@@ -239,3 +240,52 @@ def test_torchtitan_recognises_a_llama3_config_by_shape_and_floats_any_flavour(t
     model = titan_config(pf).model_spec.model
     linears = [type(c).__qualname__ for _, c, _, _ in model.traverse(Linear.Config)]
     assert any("Float8" in n for n in linears)
+
+
+# ---- DeepSpeed ---------------------------------------------------------------------------------
+
+# The keys each model_type's config.json carries that describe the model (not tokens or dtypes)
+MODEL_KEYS = ("num_hidden_layers", "hidden_size", "num_attention_heads", "num_key_value_heads", "intermediate_size",
+              "vocab_size", "rms_norm_eps", "layer_norm_eps", "layer_norm_epsilon", "rope_theta", "rope_scaling",
+              "rotary_emb_base", "rotary_pct", "sliding_window", "tie_word_embeddings", "num_local_experts",
+              "num_experts", "n_routed_experts", "num_experts_per_tok", "moe_intermediate_size", "norm_topk_prob",
+              "router_aux_loss_coef", "scoring_func", "topk_method", "n_group", "topk_group", "routed_scaling_factor",
+              "aux_loss_alpha", "seq_aux", "first_k_dense_replace", "n_shared_experts", "kv_lora_rank", "q_lora_rank",
+              "qk_nope_head_dim", "qk_rope_head_dim", "v_head_dim", "head_dim", "n_layer", "n_embd", "n_head")
+
+
+@pytest.mark.parametrize("spelling", ["v4", "v5"])
+@pytest.mark.parametrize("name", CONFIGS)
+def test_deepspeed_model_config_equals_the_hf_config(name, spelling, tmp_path, deepspeed_config):  # noqa: F811
+    import torch.distributed as dist
+
+    cfg = load_config(name, spelling)
+    pf = plan_file_for_config(cfg, tmp_path, "deepspeed")
+    files = export(pf, "deepspeed")
+    model = json.loads(files["config.json"])
+    original = json.loads((HF / name).read_text())  # compare in the transformers 4 spelling
+    for key in MODEL_KEYS:
+        if key in original and original[key] is not None:
+            got, want = model.get(key), original[key]
+            if key == "rope_scaling":
+                want = {("rope_type" if k == "type" else k): v for k, v in want.items()}
+            if key == "sliding_window" and not original.get("use_sliding_window", True):
+                want = None  # Qwen's window is inert without use_sliding_window
+            assert got == want, (key, got, want)
+    assert "config.json beside this script" in files["launch_deepspeed.sh"]
+    ds = deepspeed_config(json.loads(files["ds_config.json"]), 8, pf.parallel.dp_for(8))
+    assert (ds.train_batch_size, ds.zero_optimization_stage) == (pf.parallel.global_batch, pf.parallel.zero)
+    dist.destroy_process_group()
+
+
+def test_deepspeed_export_of_a_model_no_hf_type_describes_says_so(tmp_path):
+    cfg = json.loads((HF / "llama3-8b.json").read_text())
+    pf = plan_file_for_config(cfg, tmp_path, "deepspeed")
+    spec = pf.target.model_spec.model_copy(update={"activation": "gelu"})  # rmsnorm + rope + gelu: no model_type
+    pf = pf.model_copy(update={"target": pf.target.model_copy(update={"model_spec": spec})})
+    from autopar.export.hf_model import hf_config_from_spec
+
+    with pytest.raises(ExportError, match="llama differs in activation"):
+        hf_config_from_spec(spec)
+    files = export(pf, "deepspeed")
+    assert "config.json" not in files and "build it yourself" in files["launch_deepspeed.sh"]

@@ -13,6 +13,7 @@ from typing import Callable
 
 from autopar.errors import ExportError
 from autopar.export.deepspeed import deepspeed_launch_command, export_deepspeed, launch_script
+from autopar.export.hf_model import hf_config_from_spec
 from autopar.export.importers import plan_from_deepspeed_config, plan_from_megatron_args
 from autopar.export.megatron import export_megatron, megatron_args
 from autopar.export.megatron_rules import megatron_violations
@@ -30,9 +31,18 @@ def _megatron(pf: PlanFile) -> dict[str, str]:
 
 
 def _deepspeed(pf: PlanFile) -> dict[str, str]:
+    """ds_config.json, the launcher, and the model as a Hugging Face config.json (DeepSpeed's config
+    has no model section; the training script builds the model from this file)."""
     config = export_deepspeed(pf)
-    return {"ds_config.json": json.dumps(config, indent=2, sort_keys=True) + "\n",
-            "launch_deepspeed.sh": launch_script(pf, config)}
+    try:
+        model = hf_config_from_spec(pf.target.model_spec)
+    except ExportError:
+        model = None
+    files = {"ds_config.json": json.dumps(config, indent=2, sort_keys=True) + "\n",
+             "launch_deepspeed.sh": launch_script(pf, config, has_model_config=model is not None)}
+    if model is not None:
+        files["config.json"] = json.dumps(model, indent=2) + "\n"
+    return files
 
 
 def _torchtitan(pf: PlanFile) -> dict[str, str]:

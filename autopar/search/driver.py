@@ -188,6 +188,8 @@ def _branch_and_bound(plans: list[ParallelPlan], pricer: Pricer, walk: _Walk, me
         if progress and done % 64 == 0:
             progress("score", done, len(plans))
         _visit(item, bound, key, pricer, walk, memory_margin)
+    if progress:
+        progress("score", done, len(plans))
     walk.pruned_time = len(plans) - done
 
 
