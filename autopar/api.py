@@ -143,29 +143,35 @@ _INT_AXES = ("tp", "pp", "dp", "cp", "ep", "etp", "vpp", "mbs", "zero")
 
 
 def parse_assignments(text: str, what: str = "--fix") -> dict[str, Any]:
-    """'tp=8,pp=16,mbs=1,recompute=full,sp=on' -> typed dict, with one-line errors."""
+    """'tp=8,pp=16,mbs=1,recompute=full,sp=on' -> typed dict, with one-line errors. An axis given
+    twice is refused (not "the last wins")."""
+    from autopar.limits import MAX_GLOBAL_BATCH, MAX_GPUS, MAX_LAYERS, clip, clip_repr
+
     out: dict[str, Any] = {}
     for part in filter(None, (x.strip() for x in text.split(","))):
         key, sep, value = part.partition("=")
         key, value = key.strip(), value.strip()
         if not sep or not value:
-            raise InvalidPlanError(f"{what} entry {part!r} must look like axis=value, e.g. tp=8")
+            raise InvalidPlanError(f"{what} entry {clip_repr(part)} must look like axis=value, e.g. tp=8")
+        if key in out:
+            raise InvalidPlanError(f"{what} gives {clip(key)} twice; give each axis once")
         if key in _INT_AXES:
-            if not value.isdigit():
-                raise InvalidPlanError(f"{what} {key}={value!r}: the value must be a whole number")
+            if not (value.isascii() and value.isdigit()):
+                raise InvalidPlanError(f"{what} {key}={clip_repr(value)}: the value must be a whole number")
             lowest = 0 if key == "zero" else 1
-            if int(value) < lowest or (key == "zero" and int(value) > 3):
-                rule = "between 0 and 3" if key == "zero" else "at least 1"
-                raise InvalidPlanError(f"{what} {key}={value}: {key} must be {rule}")
+            highest = {"zero": 3, "vpp": MAX_LAYERS, "mbs": MAX_GLOBAL_BATCH}.get(key, MAX_GPUS)
+            if not lowest <= int(value) <= highest:
+                raise InvalidPlanError(f"{what} {key}={clip(value)}: {key} must be from {lowest} to {highest:,}")
             out[key] = int(value)
         elif key == "sp":
             if value.lower() not in ("on", "off", "true", "false", "1", "0"):
-                raise InvalidPlanError(f"{what} sp={value!r}: use sp=on or sp=off")
+                raise InvalidPlanError(f"{what} sp={clip_repr(value)}: use sp=on or sp=off")
             out[key] = value.lower() in ("on", "true", "1")
         elif key == "recompute":
             out[key] = value
         else:
-            raise InvalidPlanError(f"{what} names unknown axis {key!r}; axes are {', '.join(_INT_AXES)}, sp, recompute")
+            raise InvalidPlanError(f"{what} names unknown axis {clip_repr(key)}; axes are {', '.join(_INT_AXES)}, sp, "
+                                   "recompute")
     return out
 
 
@@ -229,7 +235,10 @@ def score_plan_file(path: str, cost_model: str | None = None) -> tuple[Any, Para
 def _model_available(model: str) -> bool:
     from pathlib import Path
 
-    return model in PRESET_NAMES or Path(model).expanduser().exists()
+    try:
+        return model in PRESET_NAMES or Path(model).expanduser().exists()
+    except (OSError, ValueError):  # a name no file system holds (too long, a NUL): use the stored spec
+        return False
 
 
 def _graph_from_spec(spec):
@@ -299,39 +308,63 @@ def export_plan(model: str, cluster: str, gpus: int, plan: ParallelPlan, est: Es
     return export(plan_file_for(model, cluster, gpus, plan, est, cost_model), fmt)
 
 
-def write_files(files: dict[str, str], out: str | None) -> list[str]:
+def write_files(files: dict[str, str], out: str | None, force: bool = False) -> list[str]:
     """Write export files: into directory `out`, or to file `out` when there is exactly one file
-    and `out` has a suffix; nothing when out is None (the caller prints them)."""
+    and `out` has a suffix; nothing when out is None (the caller prints them). All or nothing,
+    atomically (autopar.io.write_outputs); existing files are refused unless `force`."""
     from pathlib import Path
+
+    from autopar.io import write_outputs
 
     if out is None:
         return []
     target = Path(out).expanduser()
-    if len(files) == 1 and target.suffix:
-        target.parent.mkdir(parents=True, exist_ok=True)
-        ((name, text),) = files.items()
-        target.write_text(text, encoding="utf-8")
-        if name.endswith(".sh"):
-            target.chmod(0o755)
+    if len(files) == 1 and target.suffix and not target.is_dir():
+        ((_, text),) = files.items()
+        return write_outputs({target: text}, force=force)
+    return write_outputs({target / name: text for name, text in files.items()}, force=force)
+
+
+def output_paths(file_names: list[str], out: str) -> list[str]:
+    """The paths write_files would write for these names (to check them before any work)."""
+    from pathlib import Path
+
+    target = Path(out).expanduser()
+    if len(file_names) == 1 and target.suffix and not target.is_dir():
         return [str(target)]
-    target.mkdir(parents=True, exist_ok=True)
-    written = []
-    for name, text in files.items():
-        f = target / name
-        f.write_text(text, encoding="utf-8")
-        if name.endswith(".sh"):
-            f.chmod(0o755)
-        written.append(str(f))
-    return written
+    return [str(target / name) for name in file_names]
 
 
 def imported_plan(from_megatron: str | None, from_deepspeed: str | None, gpus: int, seq_len: int | None,
                   model: str, framework_default: str = "megatron") -> ParallelPlan:
-    """The plan of an existing Megatron command/script or DeepSpeed config."""
+    """The plan of an existing Megatron command/script or DeepSpeed config. A Megatron script whose
+    model (layers, hidden size, heads) is not `model` is refused."""
+    from autopar.errors import SchemaError
     from autopar.export.importers import plan_from_deepspeed_config, plan_from_megatron_args
 
+    if from_megatron and from_deepspeed:
+        raise SchemaError("give --from-megatron or --from-deepspeed, not both; score them one at a time or "
+                          "side by side with `autopar compare`")
     if from_megatron:
-        plan, _ = plan_from_megatron_args(from_megatron, num_gpus=gpus)
+        plan, fields = plan_from_megatron_args(from_megatron, num_gpus=gpus)
+        check_same_model(fields, load_model(model).spec, model)
         return plan
     seq = seq_len or load_model(model).spec.seq_length
     return plan_from_deepspeed_config(from_deepspeed, gpus, seq_len=seq)
+
+
+_SHAPE_KEYS = (("num_layers", "layers"), ("hidden_size", "hidden size"), ("num_attention_heads", "heads"))
+
+
+def check_same_model(script_fields: dict[str, Any], spec, model: str) -> None:
+    """Refuse a launch script that describes another model than `model` (layers, hidden size or
+    heads differ; a shape the script does not state is not compared)."""
+    from autopar.errors import SchemaError
+    from autopar.limits import clip
+
+    differ = [(label, script_fields[k], getattr(spec, k)) for k, label in _SHAPE_KEYS
+              if script_fields.get(k) is not None and script_fields[k] != getattr(spec, k)]
+    if differ:
+        said = ", ".join(f"{label} {a} (the model has {b})" for label, a, b in differ)
+        raise SchemaError(f"the Megatron script is for another model than {clip(model)}: {said}; pass the model the "
+                          "script trains, or the script for this model")

@@ -248,12 +248,13 @@ def load_user_runs(path: str) -> list[MeasuredRun]:
     from autopar.schema import one_line
     from autopar.schema.runs import RunsFile
 
+    from autopar.io import read_text_file
+
     p = Path(path).expanduser()
-    if not p.is_file():
-        raise InputFileError(f"runs file {p} does not exist; see `autopar calibrate --help` for its format")
+    text = read_text_file(p, "runs file", "see `autopar calibrate --help` for its format")
     try:
-        raw = yaml.safe_load(p.read_text(encoding="utf-8"))
-    except yaml.YAMLError:
+        raw = yaml.safe_load(text)
+    except (yaml.YAMLError, ValueError, RecursionError):
         raise InputFileError(f"runs file {p} is malformed YAML; fix its syntax")
     try:
         spec = RunsFile(**raw) if isinstance(raw, dict) else RunsFile.model_validate(raw)

@@ -10,21 +10,81 @@ import sys
 from typing import Annotated, Any, Callable, Optional
 
 import typer
+import typer.core
 from rich.console import Console
+from rich.text import Text
+from typer.core import TyperGroup
 
 from autopar import api
 from autopar.errors import AutoparError
+from autopar.limits import MAX_GLOBAL_BATCH, MAX_GPUS, MAX_LAYERS, MAX_SEQ_LEN, clip
 from autopar.report import tables
 
-app = typer.Typer(add_completion=False, no_args_is_help=True, pretty_exceptions_enable=False,
+MAX_MESSAGE_CHARS = 1000  # an error line longer than this is cut (every echoed value is already ≤ 80)
+# The Click that Typer runs on: Typer >= 0.20 vendors it as typer._click, older Typer imports click.
+click = getattr(typer.core, "_click", None) or getattr(typer.core, "click")
+
+
+class _OneLineErrors(TyperGroup):
+    """Click/Typer usage errors (a bad option value, a missing or unknown option) as one line on
+    stderr and exit code 2, through the same renderer as autopar's own errors."""
+
+    def main(self, args=None, prog_name=None, complete_var=None, standalone_mode=True, **extra):
+        if not standalone_mode:
+            return super().main(args, prog_name, complete_var, standalone_mode=False, **extra)
+        try:
+            code = super().main(args, prog_name, complete_var, standalone_mode=False, **extra)
+        except click.exceptions.NoArgsIsHelpError as exc:  # bare `autopar`: the help, as before
+            click.echo(exc.ctx.get_help())
+            sys.exit(exc.exit_code)
+        except click.exceptions.UsageError as exc:
+            sub = exc.ctx.info_name if exc.ctx is not None and exc.ctx.parent is not None else None
+            hint = f"see `autopar {sub} --help`" if sub else "see `autopar --help`"
+            print_error(f"{exc.format_message().rstrip('.')}; {hint}")
+            sys.exit(2)
+        except click.exceptions.ClickException as exc:
+            print_error(exc.format_message())
+            sys.exit(2)
+        except typer.Abort:
+            print_error("aborted")
+            sys.exit(1)
+        sys.exit(code if isinstance(code, int) else 0)
+
+
+app = typer.Typer(cls=_OneLineErrors, add_completion=False, no_args_is_help=True, pretty_exceptions_enable=False,
                   help="autopar: plan how to split an LLM over GPUs, before a GPU is touched.")
 out = Console(highlight=False, width=None if sys.stdout.isatty() else 120)
 err = Console(stderr=True, highlight=False)
 
+
+def render_error(message: str) -> str:
+    """One line: whitespace collapsed, any word over 80 characters clipped, at most MAX_MESSAGE_CHARS."""
+    words = " ".join(clip(w) for w in str(message).split())
+    return clip(words, MAX_MESSAGE_CHARS)
+
+
+def print_error(message: str) -> None:
+    """`error: message` as one line on stderr (the one renderer of every error autopar prints)."""
+    err.print(Text.assemble(("error:", "bold red"), " ", render_error(message)), soft_wrap=True)
+
+
+def fail(message: str, code: int = 2):
+    """Print the error line and exit with `code` (2: a bad input)."""
+    print_error(message)
+    raise typer.Exit(code)
+
+
+def _finite_margin(value: float | None) -> float | None:
+    if value is not None and value != value:  # NaN passes Click's range check
+        raise typer.BadParameter("nan is not a number; use a fraction from 0 to 0.9")
+    return value
+
+
 ModelArg = Annotated[str, typer.Argument(help="A preset name (see `autopar models`), a Hugging Face config.json, or a YAML layer-graph file.")]
 ClusterOpt = Annotated[str, typer.Option("--cluster", "-c", help="A cluster profile name (see `autopar clusters`) or a YAML file.")]
-GpusOpt = Annotated[int, typer.Option("--gpus", "-n", help="Number of GPUs; must fill whole nodes unless it is less than one node.")]
-SeqOpt = Annotated[Optional[int], typer.Option("--seq-len", "-s", help="Sequence length in tokens; default: the model's.")]
+GpusOpt = Annotated[int, typer.Option("--gpus", "-n", min=1, max=MAX_GPUS, help="Number of GPUs; must fill whole nodes unless it is less than one node.")]
+SeqOpt = Annotated[Optional[int], typer.Option("--seq-len", "-s", min=1, max=MAX_SEQ_LEN, help="Sequence length in tokens; default: the model's.")]
+ForceOpt = Annotated[bool, typer.Option("--force", help="Overwrite existing output files (refused otherwise).")]
 JsonOpt = Annotated[bool, typer.Option("--json", help="Print machine-readable JSON instead of tables.")]
 CostModelOpt = Annotated[Optional[str], typer.Option("--cost-model", help="A shipped cost model name or a cost-model JSON file; default: the one for the cluster's GPU.")]
 
@@ -38,11 +98,16 @@ def _run(fn: Callable[[], Any]) -> Any:
     try:
         return fn()
     except AutoparError as exc:
-        err.print(f"[bold red]error:[/] {exc}", soft_wrap=True)
-        raise typer.Exit(2)
+        fail(str(exc))
     except ValidationError as exc:  # a boundary model rejected a value the CLI passed through
-        err.print(f"[bold red]error:[/] {one_line(exc, 'invalid value')}", soft_wrap=True)
-        raise typer.Exit(2)
+        fail(one_line(exc, "invalid value"))
+
+
+def _check_outputs(paths: list[str], force: bool) -> None:
+    """Refuse, before any work, outputs that exist (without --force) or cannot be files."""
+    from autopar.io import check_output
+
+    _run(lambda: [check_output(p, force) for p in paths])
 
 
 def _emit_json(data: Any) -> None:
@@ -79,7 +144,7 @@ def clusters(as_json: JsonOpt = False) -> None:
 def inspect(
     model: ModelArg,
     seq_len: SeqOpt = None,
-    dp: Annotated[int, typer.Option("--dp", min=1, help="Data-parallel degree used to shard model states under ZeRO.")] = 1,
+    dp: Annotated[int, typer.Option("--dp", min=1, max=MAX_GPUS, help="Data-parallel degree used to shard model states under ZeRO.")] = 1,
     framework: Annotated[str, typer.Option("--framework", help="Whose byte counts to use for model states: megatron, deepspeed or torchtitan.")] = "megatron",
     as_json: JsonOpt = False,
 ) -> None:
@@ -94,8 +159,22 @@ def inspect(
 
 def _check_choice(value: str, choices: tuple[str, ...], option: str) -> None:
     if value not in choices:
-        err.print(f"[bold red]error:[/] {option} {value!r} is not one of {', '.join(choices)}; pick one of them")
-        raise typer.Exit(2)
+        fail(f"{option} {clip(repr(value))} is not one of {', '.join(choices)}; pick one of them")
+
+
+# What an imported config decides, so an option beside --from-megatron/--from-deepspeed would be ignored.
+_IMPORT_DECIDES = ("global_batch", "tp", "pp", "cp", "ep", "etp", "vpp", "mbs", "zero", "sp", "recompute",
+                   "recompute_layers", "recompute_modules", "precision", "framework", "tp_comm_overlap")
+
+
+def _refuse_ignored_layout(ctx: typer.Context, source: str) -> None:
+    """Refuse layout options given beside an imported config (the config decides them)."""
+    decides = _IMPORT_DECIDES + (("seq_len",) if source == "--from-megatron" else ())
+    given = [p for p in ctx.command.params if p.name in decides
+             and ctx.get_parameter_source(p.name) is click.core.ParameterSource.COMMANDLINE]
+    if given:
+        names = ", ".join(p.opts[0] for p in given)
+        fail(f"{source} sets the layout, so {names} would be ignored; drop {names}, or edit the imported config")
 
 
 RecomputeOpt = Annotated[str, typer.Option("--recompute", help="Activation recomputation: none, selective or full.")]
@@ -103,29 +182,30 @@ RecomputeOpt = Annotated[str, typer.Option("--recompute", help="Activation recom
 
 @app.command()
 def estimate(
+    ctx: typer.Context,
     model: ModelArg,
     cluster: ClusterOpt,
     gpus: GpusOpt,
-    global_batch: Annotated[Optional[int], typer.Option("--global-batch", "-b", help="Global batch size in sequences (required unless imported).")] = None,
+    global_batch: Annotated[Optional[int], typer.Option("--global-batch", "-b", min=1, max=MAX_GLOBAL_BATCH, help="Global batch size in sequences (required unless imported).")] = None,
     seq_len: SeqOpt = None,
     from_megatron: Annotated[Optional[str], typer.Option("--from-megatron", help="Score an existing Megatron-LM config: its pretrain_gpt.py arguments, or a launch script path.")] = None,
     from_deepspeed: Annotated[Optional[str], typer.Option("--from-deepspeed", help="Score an existing DeepSpeed ds_config.json (data parallel + ZeRO).")] = None,
-    tp: Annotated[int, typer.Option("--tp", help="Tensor-parallel degree.")] = 1,
-    pp: Annotated[int, typer.Option("--pp", help="Pipeline-parallel degree.")] = 1,
-    cp: Annotated[int, typer.Option("--cp", help="Context-parallel degree.")] = 1,
-    ep: Annotated[int, typer.Option("--ep", help="Expert-parallel degree (MoE models).")] = 1,
-    etp: Annotated[Optional[int], typer.Option("--etp", help="Expert tensor-parallel degree; default: tp.")] = None,
-    vpp: Annotated[int, typer.Option("--vpp", help="Virtual stages per pipeline rank (interleaved 1F1B when > 1).")] = 1,
-    mbs: Annotated[int, typer.Option("--mbs", help="Micro-batch size in sequences.")] = 1,
-    zero: Annotated[Optional[int], typer.Option("--zero", help="ZeRO stage 0-3; default: 1 (Megatron distributed optimizer), 3 for torchtitan.")] = None,
+    tp: Annotated[int, typer.Option("--tp", min=1, max=MAX_GPUS, help="Tensor-parallel degree.")] = 1,
+    pp: Annotated[int, typer.Option("--pp", min=1, max=MAX_GPUS, help="Pipeline-parallel degree.")] = 1,
+    cp: Annotated[int, typer.Option("--cp", min=1, max=MAX_GPUS, help="Context-parallel degree.")] = 1,
+    ep: Annotated[int, typer.Option("--ep", min=1, max=MAX_GPUS, help="Expert-parallel degree (MoE models).")] = 1,
+    etp: Annotated[Optional[int], typer.Option("--etp", min=1, max=MAX_GPUS, help="Expert tensor-parallel degree; default: tp.")] = None,
+    vpp: Annotated[int, typer.Option("--vpp", min=1, max=MAX_LAYERS, help="Virtual stages per pipeline rank (interleaved 1F1B when > 1).")] = 1,
+    mbs: Annotated[int, typer.Option("--mbs", min=1, max=MAX_GLOBAL_BATCH, help="Micro-batch size in sequences.")] = 1,
+    zero: Annotated[Optional[int], typer.Option("--zero", min=0, max=3, help="ZeRO stage 0-3; default: 1 (Megatron distributed optimizer), 3 for torchtitan.")] = None,
     sp: Annotated[Optional[bool], typer.Option("--sp/--no-sp", help="Sequence parallelism; default: on when tp > 1.")] = None,
     recompute: RecomputeOpt = "selective",
-    recompute_layers: Annotated[Optional[int], typer.Option("--recompute-layers", help="With --recompute full: layers per virtual stage recomputed; default: all.")] = None,
+    recompute_layers: Annotated[Optional[int], typer.Option("--recompute-layers", min=0, max=MAX_LAYERS, help="With --recompute full: layers per virtual stage recomputed; default: all.")] = None,
     recompute_modules: Annotated[str, typer.Option("--recompute-modules", help="With --recompute selective: comma-separated modules (core_attn, mlp, layernorm, moe, moe_act, shared_experts, mla_up_proj).")] = "core_attn",
     precision: Annotated[str, typer.Option("--precision", help="bf16 or fp8.")] = "bf16",
     framework: Annotated[str, typer.Option("--framework", help="megatron, deepspeed or torchtitan: whose memory layout and limits apply.")] = "megatron",
     tp_comm_overlap: Annotated[bool, typer.Option("--tp-comm-overlap/--no-tp-comm-overlap", help="Overlap TP communication with GEMMs (needs sp).")] = False,
-    memory_margin: Annotated[float, typer.Option("--memory-margin", min=0.0, max=0.9, help="Fraction of HBM kept free when deciding whether the plan fits.")] = 0.0,
+    memory_margin: Annotated[float, typer.Option("--memory-margin", min=0.0, max=0.9, callback=_finite_margin, help="Fraction of HBM kept free when deciding whether the plan fits.")] = 0.0,
     cost_model: CostModelOpt = None,
     as_json: JsonOpt = False,
 ) -> None:
@@ -133,6 +213,8 @@ def estimate(
     _check_choice(recompute, ("none", "selective", "full"), "--recompute")
     _check_choice(precision, ("bf16", "fp8"), "--precision")
     _check_choice(framework, ("megatron", "deepspeed", "torchtitan"), "--framework")
+    if from_megatron or from_deepspeed:
+        _refuse_ignored_layout(ctx, "--from-megatron" if from_megatron else "--from-deepspeed")
 
     def run():
         if from_megatron or from_deepspeed:
@@ -181,20 +263,20 @@ def calibrate(
     gpu: Annotated[str, typer.Option("--gpu", help="GPU family whose runs to fit: a100 or h100.")] = "a100",
     base: Annotated[str, typer.Option("--base", help="Cost model to start from (name or path).")] = "a100",
     out_path: Annotated[str, typer.Option("--out", help="Where to write the calibrated cost-model JSON.")] = "calibrated.json",
-    rounds: Annotated[int, typer.Option("--rounds", min=1, help="Alternations of plan choice and fitting.")] = 2,
-    iters: Annotated[int, typer.Option("--iters", min=1, help="Nelder-Mead iterations per round.")] = 200,
+    rounds: Annotated[int, typer.Option("--rounds", min=1, max=100, help="Alternations of plan choice and fitting.")] = 2,
+    iters: Annotated[int, typer.Option("--iters", min=1, max=100_000, help="Nelder-Mead iterations per round.")] = 200,
     derive_as: Annotated[Optional[str], typer.Option("--derive-as", help="Instead of fitting, copy the base model's efficiencies under this name (for GPUs without measured runs).")] = None,
     derive_gpus: Annotated[Optional[str], typer.Option("--derive-gpus", help="With --derive-as: comma-separated GPU names (as in hardware profiles) it applies to.")] = None,
     reason: Annotated[str, typer.Option("--reason", help="With --derive-as: why the base applies, recorded in the file.")] = "",
+    force: ForceOpt = False,
     as_json: JsonOpt = False,
 ) -> None:
     """Fit a cost model's efficiencies to measured runs and write it with its provenance."""
-    from pathlib import Path
-
     from autopar import calibrate as cal
     from autopar.cost.params import load_cost_model
 
     command = "autopar calibrate " + " ".join(sys.argv[2:])
+    _check_outputs([out_path], force)
 
     def run():
         base_file = load_cost_model(base)[0]
@@ -212,7 +294,7 @@ def calibrate(
 
     leave_one_out: list[tuple[str, float]] = []
     result = _run(run)
-    Path(out_path).write_text(result.model_dump_json(indent=2) + "\n")
+    _write_one(out_path, result.model_dump_json(indent=2) + "\n", force)
     if as_json:
         _emit_json({"out": out_path, "cost_model": result.model_dump(mode="json"),
                     "leave_one_out": [{"run_id": r, "error": e} for r, e in leave_one_out]})
@@ -224,10 +306,35 @@ def calibrate(
     out.print(f"wrote {out_path}")
 
 
+def _write_one(path: str, text: str, force: bool) -> None:
+    from autopar.io import write_output
+
+    _run(lambda: write_output(path, text, force=force))
+
+
 FrameworkOpt = Annotated[str, typer.Option("--framework", help="Target framework whose limits and memory layout apply: megatron, deepspeed or torchtitan.")]
 PrecisionOpt = Annotated[str, typer.Option("--precision", help="bf16 or fp8 (your choice; not searched).")]
 QuietOpt = Annotated[bool, typer.Option("--quiet", "-q", help="No progress bar.")]
 PlotOpt = Annotated[Optional[str], typer.Option("--plot", help="Pipeline timeline to this .png/.svg/.pdf (memory bars beside it as NAME-memory.png); needs matplotlib (autopar[plot]); '-' draws in the terminal.")]
+
+
+def _picture_paths(path: str | None, with_memory: bool = True) -> list[str]:
+    """The files --plot PATH writes (none for '-', another suffix, or without matplotlib)."""
+    from pathlib import Path
+
+    if not path or path == "-" or Path(path).suffix.lower() not in (".png", ".svg", ".pdf"):
+        return []
+    from importlib.util import find_spec
+
+    if find_spec("matplotlib") is None:  # drawn in the terminal instead
+        return []
+    return [path, _memory_picture_path(path)] if with_memory else [path]
+
+
+def _memory_picture_path(path: str) -> str:
+    from pathlib import Path
+
+    return path if path == "-" else str(Path(path).with_name(Path(path).stem + "-memory" + Path(path).suffix))
 
 
 def _progress_sink(quiet: bool):
@@ -252,25 +359,30 @@ def plan(
     model: ModelArg,
     cluster: ClusterOpt,
     gpus: GpusOpt,
-    global_batch: Annotated[int, typer.Option("--global-batch", "-b", help="Global batch size in sequences.")],
+    global_batch: Annotated[int, typer.Option("--global-batch", "-b", min=1, max=MAX_GLOBAL_BATCH, help="Global batch size in sequences.")],
     seq_len: SeqOpt = None,
     top: Annotated[int, typer.Option("--top", min=1, max=100, help="How many of the best plans to list.")] = 5,
     framework: FrameworkOpt = "megatron",
     fix: Annotated[Optional[str], typer.Option("--fix", help="Pin axes, e.g. 'tp=8,pp=16,mbs=1' (tp pp dp cp ep etp vpp mbs zero sp recompute).")] = None,
-    max_tp: Annotated[Optional[int], typer.Option("--max-tp", min=1, help="Largest tensor-parallel degree to consider.")] = None,
-    memory_margin: Annotated[Optional[float], typer.Option("--memory-margin", min=0.0, max=0.9, help="Fraction of HBM kept free; default 0.1 (allocator spikes, NCCL growth).")] = None,
+    max_tp: Annotated[Optional[int], typer.Option("--max-tp", min=1, max=MAX_GPUS, help="Largest tensor-parallel degree to consider.")] = None,
+    memory_margin: Annotated[Optional[float], typer.Option("--memory-margin", min=0.0, max=0.9, callback=_finite_margin, help="Fraction of HBM kept free; default 0.1 (allocator spikes, NCCL growth).")] = None,
     precision: PrecisionOpt = "bf16",
     cost_model: CostModelOpt = None,
     out_path: Annotated[Optional[str], typer.Option("--out", "-o", help="Write the best plan as a schema-versioned plan JSON here.")] = None,
     export_fmt: Annotated[Optional[str], typer.Option("--export", help="Also export the best plan: megatron, deepspeed or torchtitan; files go to the --out directory (with plan.json).")] = None,
     explain_best: Annotated[bool, typer.Option("--explain", help="Explain the chosen plan: time and memory per stage, and why each neighbouring plan loses.")] = False,
     plot: PlotOpt = None,
+    force: ForceOpt = False,
     quiet: QuietOpt = False,
     as_json: JsonOpt = False,
 ) -> None:
     """Find the fastest plans that fit, by search over tp, pp, vpp, cp, ep, mbs, ZeRO and recompute."""
+    from pathlib import Path
+
     _check_choice(framework, ("megatron", "deepspeed", "torchtitan"), "--framework")
     _check_choice(precision, ("bf16", "fp8"), "--precision")
+    plan_json = str(Path(out_path) / "plan.json") if out_path and export_fmt else out_path
+    _check_outputs(([plan_json] if plan_json else []) + _picture_paths(plot), force)
     bar, update = _progress_sink(quiet or as_json)
 
     def run():
@@ -287,28 +399,28 @@ def plan(
         _check_choice(export_fmt, ("megatron", "deepspeed", "torchtitan"), "--export")
     result = _run(run)
     exported: dict[str, str] = {}
+    written: list[str] = []
     if export_fmt:
         best_plan, best_est = result.plans[0]
         exported = _run(lambda: api.export_plan(model, cluster, gpus, best_plan, best_est, export_fmt, cost_model))
     if out_path:
-        from pathlib import Path
-
-        from autopar.schema.plan_file import write_plan_file
+        from autopar.io import write_outputs
+        from autopar.schema.plan_file import plan_file_text
 
         best_plan, best_est = result.plans[0]
-        plan_json = Path(out_path) / "plan.json" if export_fmt else Path(out_path)
-        plan_json.parent.mkdir(parents=True, exist_ok=True)
-        write_plan_file(plan_json, api.plan_file_for(model, cluster, gpus, best_plan, best_est, cost_model))
+        text = plan_file_text(api.plan_file_for(model, cluster, gpus, best_plan, best_est, cost_model))
+        targets = {plan_json: text, **{str(Path(out_path) / name): t for name, t in exported.items()}}
+        written = _run(lambda: write_outputs(targets, force=force))
     if as_json:
         _emit_json({"plans": [api.plan_entry(p, e, gpus) for p, e in result.plans],
                     "search": {"candidates": result.candidates, "pruned": result.pruned, "scored": result.scored,
                                "feasible": result.feasible, "refined": result.refined, "time_s": result.time_s}})
         return
     tables.print_plans(out, result)
-    if out_path:
-        out.print(f"wrote {out_path}" + ("/plan.json" if export_fmt else ""))
-    if exported:
-        _emit_files(exported, out_path)
+    for f in written:
+        out.print(f"wrote {f}")
+    if exported and not out_path:
+        _emit_files(exported, None)
     best_plan, best_est = result.plans[0]
     margin = memory_margin if memory_margin is not None else 0.1
     if explain_best:
@@ -321,12 +433,13 @@ def plan(
 
 @app.command()
 def compare(
+    ctx: typer.Context,
     plan_files: Annotated[Optional[list[str]], typer.Argument(help="Plan JSON files written by `autopar plan --out`.")] = None,
     plan_strings: Annotated[Optional[list[str]], typer.Option("--plan", help="A plan as 'tp=8,pp=8,mbs=1,recompute=full' (repeatable); needs MODEL etc. below or a plan file to take them from.")] = None,
     model: Annotated[Optional[str], typer.Option("--model", "-m", help="Model for --plan strings (default: the first plan file's).")] = None,
     cluster: Annotated[Optional[str], typer.Option("--cluster", "-c", help="Cluster for --plan strings (default: the first plan file's).")] = None,
-    gpus: Annotated[Optional[int], typer.Option("--gpus", "-n", help="GPU count for --plan strings (default: the first plan file's).")] = None,
-    global_batch: Annotated[Optional[int], typer.Option("--global-batch", "-b", help="Global batch for --plan strings.")] = None,
+    gpus: Annotated[Optional[int], typer.Option("--gpus", "-n", min=1, max=MAX_GPUS, help="GPU count for --plan strings (default: the first plan file's).")] = None,
+    global_batch: Annotated[Optional[int], typer.Option("--global-batch", "-b", min=1, max=MAX_GLOBAL_BATCH, help="Global batch for --plan strings.")] = None,
     seq_len: SeqOpt = None,
     framework: FrameworkOpt = "megatron",
     from_megatron: Annotated[Optional[list[str]], typer.Option("--from-megatron", help="An existing Megatron-LM config (arguments or script path); repeatable.")] = None,
@@ -336,6 +449,13 @@ def compare(
 ) -> None:
     """Score several plans side by side; differences highlighted, the winner marked."""
     _check_choice(framework, ("megatron", "deepspeed", "torchtitan"), "--framework")
+    if not plan_strings:  # these options shape --plan strings only; without one they would be ignored
+        used = ("seq_len",) if from_deepspeed else ()
+        given = [p.opts[0] for p in ctx.command.params if p.name in ("global_batch", "seq_len", "framework")
+                 and p.name not in used and ctx.get_parameter_source(p.name) is click.core.ParameterSource.COMMANDLINE]
+        if given:
+            fail(f"{', '.join(given)} apply to --plan strings only, and none is given; drop {', '.join(given)} "
+                 "(plan files and imported configs carry their own)")
 
     def run():
         return api.compare_plans(plan_files or [], plan_strings or [], model=model, cluster=cluster, gpus=gpus,
@@ -357,15 +477,15 @@ def profile(
     model: Annotated[str, typer.Option("--model", help="Model whose layer shapes the GEMM benchmark uses.")] = "llama3-8b",
     quick: Annotated[bool, typer.Option("--quick", help="Fewer shapes and repeats (about a minute on a CPU).")] = False,
     base: Annotated[Optional[str], typer.Option("--base", help="Cost model whose unmeasured parameters to keep; default: the shipped one for the GPU.")] = None,
+    force: ForceOpt = False,
     quiet: QuietOpt = False,
     as_json: JsonOpt = False,
 ) -> None:
     """Measure GEMM, attention, memory bandwidth and collectives here and write a cost-model file."""
-    from pathlib import Path
-
     from autopar.profile import profile as run_profile
 
     _check_choice(device, ("cuda", "cpu"), "--device")
+    _check_outputs([out_path], force)
     command = "autopar profile " + " ".join(sys.argv[2:])
     bar, update = _progress_sink(quiet or as_json)
 
@@ -376,7 +496,7 @@ def profile(
             return run_profile(device, model, quick, base, command, update)
 
     result = _run(run)
-    Path(out_path).write_text(result.model_dump_json(indent=2) + "\n")
+    _write_one(out_path, result.model_dump_json(indent=2) + "\n", force)
     if as_json:
         _emit_json({"out": out_path, "cost_model": result.model_dump(mode="json")})
         return
@@ -387,13 +507,11 @@ def profile(
 def _pictures(path: str, plan_, est, memory_margin: float) -> None:
     """The pipeline timeline at PATH and the memory bars at PATH with '-memory' before the suffix
     (PNG/SVG/PDF with matplotlib; '-' or no matplotlib: terminal renderings)."""
-    from pathlib import Path
-
     from autopar.report.plots import save_picture
 
-    mem_path = path if path == "-" else str(Path(path).with_name(Path(path).stem + "-memory" + Path(path).suffix))
-    for kind, target in (("timeline", path), ("memory", mem_path)):
-        note = save_picture(kind, target, plan=plan_, estimate=est, memory_margin=memory_margin, console=out)
+    for kind, target in (("timeline", path), ("memory", _memory_picture_path(path))):
+        note = _run(lambda: save_picture(kind, target, plan=plan_, estimate=est, memory_margin=memory_margin,
+                                         console=out))
         if note or target != "-":
             out.print(note or f"wrote {target}")
 
@@ -404,13 +522,14 @@ def explain(
     plan_string: Annotated[Optional[str], typer.Option("--plan", help="A plan as 'tp=8,pp=4,vpp=5,mbs=1,recompute=selective'.")] = None,
     model: Annotated[Optional[str], typer.Option("--model", "-m", help="Model, with --plan.")] = None,
     cluster: Annotated[Optional[str], typer.Option("--cluster", "-c", help="Cluster, with --plan.")] = None,
-    gpus: Annotated[Optional[int], typer.Option("--gpus", "-n", help="GPU count, with --plan.")] = None,
-    global_batch: Annotated[Optional[int], typer.Option("--global-batch", "-b", help="Global batch, with --plan.")] = None,
+    gpus: Annotated[Optional[int], typer.Option("--gpus", "-n", min=1, max=MAX_GPUS, help="GPU count, with --plan.")] = None,
+    global_batch: Annotated[Optional[int], typer.Option("--global-batch", "-b", min=1, max=MAX_GLOBAL_BATCH, help="Global batch, with --plan.")] = None,
     seq_len: SeqOpt = None,
     framework: FrameworkOpt = "megatron",
-    memory_margin: Annotated[float, typer.Option("--memory-margin", min=0.0, max=0.9, help="Fraction of HBM kept free when judging fit.")] = 0.1,
+    memory_margin: Annotated[float, typer.Option("--memory-margin", min=0.0, max=0.9, callback=_finite_margin, help="Fraction of HBM kept free when judging fit.")] = 0.1,
     cost_model: CostModelOpt = None,
     plot: PlotOpt = None,
+    force: ForceOpt = False,
     as_json: JsonOpt = False,
 ) -> None:
     """Why a plan wins: time and memory per stage, and the reason each neighbouring plan loses or fails."""
@@ -418,6 +537,7 @@ def explain(
     from autopar.report.explain import explain as run_explain, render_explanation
 
     _check_choice(framework, ("megatron", "deepspeed", "torchtitan"), "--framework")
+    _check_outputs(_picture_paths(plot), force)
 
     def run():
         nonlocal model, cluster, gpus
@@ -455,10 +575,11 @@ def sweep(
     framework: FrameworkOpt = "megatron",
     precision: PrecisionOpt = "bf16",
     fix: Annotated[Optional[str], typer.Option("--fix", help="Pin axes at every point, e.g. 'tp=8,recompute=full'.")] = None,
-    max_tp: Annotated[Optional[int], typer.Option("--max-tp", min=1, help="Largest tensor-parallel degree to consider.")] = None,
-    memory_margin: Annotated[Optional[float], typer.Option("--memory-margin", min=0.0, max=0.9, help="Fraction of HBM kept free; default 0.1.")] = None,
+    max_tp: Annotated[Optional[int], typer.Option("--max-tp", min=1, max=MAX_GPUS, help="Largest tensor-parallel degree to consider.")] = None,
+    memory_margin: Annotated[Optional[float], typer.Option("--memory-margin", min=0.0, max=0.9, callback=_finite_margin, help="Fraction of HBM kept free; default 0.1.")] = None,
     cost_model: CostModelOpt = None,
     plot: Annotated[Optional[str], typer.Option("--plot", help="Scaling curves of tokens/s/GPU and MFU: a .png/.svg/.pdf path (needs matplotlib) or '-' for the terminal.")] = None,
+    force: ForceOpt = False,
     quiet: QuietOpt = False,
     as_json: JsonOpt = False,
 ) -> None:
@@ -468,6 +589,7 @@ def sweep(
 
     _check_choice(framework, ("megatron", "deepspeed", "torchtitan"), "--framework")
     _check_choice(precision, ("bf16", "fp8"), "--precision")
+    _check_outputs(_picture_paths(plot, with_memory=False), force)
     bar, update = _progress_sink(quiet or as_json)
 
     def run():
@@ -495,7 +617,7 @@ def sweep(
     if plot:
         from autopar.report.plots import save_picture
 
-        note = save_picture("sweep", plot, points=points, console=out)
+        note = _run(lambda: save_picture("sweep", plot, points=points, console=out))
         if note or plot != "-":
             out.print(note or f"wrote {plot}")
 
@@ -508,20 +630,21 @@ def export(
     plan_file: Annotated[str, typer.Argument(help="A plan JSON written by `autopar plan --out`.")],
     fmt: FormatOpt = "megatron",
     out_path: Annotated[Optional[str], typer.Option("--out", "-o", help="A directory for the files (or a file name when the format makes one file); default: print them.")] = None,
+    force: ForceOpt = False,
     as_json: JsonOpt = False,
 ) -> None:
     """Turn a plan into a launch config that Megatron-LM, DeepSpeed or torchtitan accepts."""
     _check_choice(fmt, ("megatron", "deepspeed", "torchtitan"), "--format")
     files = _run(lambda: api.export_plan_file(plan_file, fmt))
     if as_json:
-        written = _run(lambda: api.write_files(files, out_path))
+        written = _run(lambda: api.write_files(files, out_path, force))
         _emit_json({"format": fmt, "files": files, "written": written})
         return
-    _emit_files(files, out_path)
+    _emit_files(files, out_path, force)
 
 
-def _emit_files(files: dict[str, str], out_path: str | None) -> None:
-    written = _run(lambda: api.write_files(files, out_path))
+def _emit_files(files: dict[str, str], out_path: str | None, force: bool = False) -> None:
+    written = _run(lambda: api.write_files(files, out_path, force))
     if written:
         for f in written:
             out.print(f"wrote {f}")
@@ -535,5 +658,5 @@ def main() -> None:
     try:
         app(standalone_mode=True)
     except KeyboardInterrupt:
-        err.print("interrupted")
+        print_error("interrupted")
         sys.exit(130)

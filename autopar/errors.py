@@ -20,6 +20,11 @@ class InputFileError(AutoparError):
     """A missing, unreadable or malformed input file."""
 
 
+class OutputFileError(AutoparError):
+    """An output that cannot be written: it exists (without --force), is a directory, or the
+    system refuses it (permissions, a read-only or full disk)."""
+
+
 class SchemaError(AutoparError):
     """A file or option whose content breaks its schema (unknown key, bad value)."""
 

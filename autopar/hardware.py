@@ -18,6 +18,8 @@ from pydantic import BaseModel, ValidationError
 
 from autopar.data import data_dir
 from autopar.errors import InputFileError, SchemaError, UnknownClusterError
+from autopar.io import read_text_file
+from autopar.limits import MAX_GPUS, check_name, clip, clip_repr
 from autopar.schema.hardware import ClusterProfile
 from autopar.units import GB, GBIT, GiB, TFLOPS, US
 
@@ -122,7 +124,9 @@ def _size(profile: ClusterProfile, requested: int) -> tuple[int, int]:
     except TypeError:
         gpus = -1
     if gpus < 1:
-        raise SchemaError(f"--gpus {requested!r} is not a positive whole number; use e.g. --gpus {per_node}")
+        raise SchemaError(f"--gpus {clip_repr(requested)} is not a positive whole number; use e.g. --gpus {per_node}")
+    if gpus > MAX_GPUS:
+        raise SchemaError(f"--gpus {clip(gpus)} is over autopar's limit of {MAX_GPUS:,} GPUs; use fewer")
     if gpus <= per_node:
         return gpus, 1
     if gpus % per_node:
@@ -140,6 +144,7 @@ def _looks_like_path(name_or_path: str) -> bool:
 
 def _resolve(name_or_path: str) -> Path:
     """Map a shipped name or a path to a file path; UnknownClusterError for an unknown name."""
+    check_name(name_or_path, "cluster")
     if _looks_like_path(name_or_path):
         return Path(name_or_path).expanduser()
     names = list_clusters()
@@ -150,7 +155,7 @@ def _resolve(name_or_path: str) -> Path:
     close = difflib.get_close_matches(name_or_path, names, n=3, cutoff=0.5)
     hint = f"did you mean {' or '.join(close)}? " if close else ""
     raise UnknownClusterError(
-        f"unknown cluster {name_or_path!r}; {hint}run `autopar clusters` to list shipped profiles, "
+        f"unknown cluster {clip_repr(name_or_path)}; {hint}run `autopar clusters` to list shipped profiles, "
         "or pass a path to a profile YAML file"
     )
 
@@ -164,23 +169,17 @@ def _shipped_path(name: str) -> Path:
 
 
 def _read_yaml(path: Path) -> Any:
-    """Parse a YAML file; InputFileError for a missing, unreadable or malformed file."""
-    try:
-        text = path.read_text(encoding="utf-8")
-    except FileNotFoundError:
-        raise InputFileError(
-            f"cluster file {path} not found; check the path, or run `autopar clusters` for shipped names"
-        ) from None
-    except (OSError, UnicodeDecodeError) as err:
-        reason = getattr(err, "strerror", None) or type(err).__name__
-        raise InputFileError(f"cannot read cluster file {path} ({reason}); check the file and its permissions") from None
+    """Parse a YAML file; InputFileError for a missing, unreadable, oversized or malformed file."""
+    text = read_text_file(path, "cluster file", "check the path, or run `autopar clusters` for shipped names")
     try:
         return yaml.safe_load(text)
     except yaml.YAMLError as err:
         mark = getattr(err, "problem_mark", None)
         where = f" at line {mark.line + 1}, column {mark.column + 1}" if mark is not None else ""
-        problem = getattr(err, "problem", None) or "invalid YAML"
-        raise InputFileError(f"cluster file {path} is not valid YAML{where} ({problem}); fix the syntax") from None
+        problem = clip(getattr(err, "problem", None) or "invalid YAML")
+        raise InputFileError(f"cluster file {clip(path)} is not valid YAML{where} ({problem}); fix the syntax") from None
+    except (ValueError, RecursionError):
+        raise InputFileError(f"cluster file {clip(path)} cannot be parsed; pass a cluster profile YAML") from None
 
 
 def _validate(raw: Any, path: Path) -> ClusterProfile:
@@ -201,12 +200,12 @@ def _describe_errors(err: ValidationError, path: Path, limit: int = 3) -> str:
     errors = err.errors(include_url=False)
     parts = [_describe_error(e) for e in errors[:limit]]
     more = f" (+{len(errors) - limit} more)" if len(errors) > limit else ""
-    return f"{path.name}: " + "; ".join(parts) + more
+    return f"{clip(path.name)}: " + "; ".join(parts) + more
 
 
 def _describe_error(error: dict[str, Any]) -> str:
     loc = tuple(error["loc"])
-    key = ".".join(str(part) for part in loc) or "<top level>"
+    key = clip(".".join(str(part) for part in loc) or "<top level>")
     kind = error["type"]
     if kind == "extra_forbidden":
         allowed = _allowed_keys(loc[:-1])
@@ -216,7 +215,7 @@ def _describe_error(error: dict[str, Any]) -> str:
     if kind == "missing":
         return f"missing required key {key!r}; add it"
     got = error.get("input")
-    got_text = "" if isinstance(got, (dict, list)) else f" (got {got!r})"
+    got_text = "" if isinstance(got, (dict, list)) else f" (got {clip_repr(got)})"
     fix = _FIX_BY_FIELD.get(str(loc[0]) if loc else "", "fix this value")
     return f"{key}: {error['msg']}{got_text}; {fix}"
 

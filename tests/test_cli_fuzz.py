@@ -109,3 +109,61 @@ def test_calibrate_never_tracebacks(runs, gpu, base):
 def test_profile_never_tracebacks(device, model):
     _no_traceback(["profile", "--device", device, "--model", model, "--quick", "--out", "/tmp/autopar-fuzz.json",
                    "--quiet"])
+
+
+# --- numbers at the edges and unwritable outputs (issue 14): exit 0 or 2, and a 2 is one line ---------
+
+edges = st.sampled_from(["0", "-1", str(2**63), str(10**30), "nan", "inf", "-inf", "true", "1.5", "1e3", "", "8"])
+unwritable = st.sampled_from(["/proc/autopar-fuzz/x.json", "/dev/full", "/", "/proc/self/status",
+                              "/no/such/dir/" + "x" * 300 + ".json", "/proc/version"])
+
+
+def _one_line_or_ok(args):
+    result = runner.invoke(app, [str(a) for a in args])
+    assert result.exit_code in (0, 2), (args, result.exit_code, result.output)
+    assert result.exception is None or isinstance(result.exception, SystemExit), (args, repr(result.exception))
+    assert "Traceback" not in result.output
+    if result.exit_code == 2:
+        assert result.stderr.count("\n") == 1 and result.stderr.startswith("error: "), (args, result.stderr)
+    return result
+
+
+EDGE = settings(max_examples=30, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+
+
+@EDGE
+@given(st.sampled_from(["--gpus", "--global-batch", "--seq-len", "--tp", "--pp", "--cp", "--mbs", "--vpp", "--zero",
+                        "--memory-margin", "--recompute-layers", "--etp", "--ep"]), edges)
+def test_estimate_edge_numbers(option, value):
+    args = {"--gpus": "8", "--global-batch": "8", "--seq-len": "2048"}
+    args[option] = value
+    _one_line_or_ok(["estimate", "llama3-8b", "--cluster", "dgx-h100",
+                     *[x for kv in args.items() for x in kv]])
+
+
+@EDGE
+@given(st.sampled_from(["--gpus", "--global-batch", "--seq-len", "--top", "--max-tp", "--memory-margin"]), edges,
+       st.sampled_from(["", "tp=0", f"tp={2**63}", "mbs=-1", "zero=4", "vpp=nan", "tp=true"]))
+def test_plan_edge_numbers(option, value, fix):
+    args = {"--gpus": "8", "--global-batch": "8", "--seq-len": "2048"}
+    args[option] = value
+    extra = ["--fix", fix] if fix else []
+    _one_line_or_ok(["plan", "llama3-8b", "--cluster", "dgx-h100", "--quiet", *extra,
+                     *[x for kv in args.items() for x in kv]])
+
+
+@settings(max_examples=12, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+@given(unwritable, st.booleans())
+def test_unwritable_outputs_are_one_line(path, force):
+    result = _one_line_or_ok(["plan", "llama3-8b", "--cluster", "dgx-h100", "--gpus", "8", "--global-batch", "8",
+                              "--seq-len", "2048", "--quiet", "--out", path, *(["--force"] if force else [])])
+    assert result.exit_code == 2
+    if path == "/proc/version" and not force:
+        assert "exists" in result.stderr and "--force" in result.stderr
+
+
+@settings(max_examples=8, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+@given(unwritable)
+def test_unwritable_calibrate_out(path):
+    result = _one_line_or_ok(["calibrate", "--derive-as", "x", "--derive-gpus", "X", "--out", path])
+    assert result.exit_code == 2

@@ -390,7 +390,7 @@ def test_deepspeed_batch_keys_are_consistent(name):
 def test_deepspeed_round_trip(name, tmp_path):
     pf = DS_PLANS[name]()
     files = export(pf, "deepspeed")
-    assert set(files) == {"ds_config.json", "launch_deepspeed.sh"}
+    assert set(files) == {"ds_config.json", "launch_deepspeed.sh", "config.json"}  # config.json: the model
     path = tmp_path / "ds_config.json"
     path.write_text(files["ds_config.json"])
     for source in (path, json.loads(files["ds_config.json"])):

@@ -246,7 +246,7 @@ def test_non_mapping_yaml_is_schema_error(tmp_path: Path):
 
 
 def test_missing_file_is_input_file_error(tmp_path: Path):
-    with pytest.raises(InputFileError, match="not found"):
+    with pytest.raises(InputFileError, match="does not exist"):
         load_profile(str(tmp_path / "nope.yaml"))
 
 

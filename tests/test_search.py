@@ -272,6 +272,12 @@ def test_nothing_fits_raises_with_the_smallest_shortfall():
     with pytest.raises(NoFeasiblePlanError, match=r"GiB over; use more GPUs") as info:
         search_graph(graph, cluster, p, space)
     assert f"{shortfall / 2**30:.1f} GiB over" in str(info.value)
+    # the advice is the count the shortfall allows, not "double it"
+    from autopar.search.driver import min_gpus_for_memory
+
+    usable = cluster.hbm_bytes * 0.9
+    need = min_gpus_for_memory(8, usable + shortfall, usable, p.cuda_context_bytes + p.comm_buffer_bytes, 8)
+    assert need > 16 and f"at least {need:,} " in str(info.value)
 
 
 def test_memory_margin_is_applied():

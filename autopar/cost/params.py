@@ -11,6 +11,7 @@ from pydantic import ValidationError
 from autopar.data import data_dir
 from autopar.errors import InputFileError, SchemaError
 from autopar.io import read_json_object
+from autopar.limits import check_name, clip, clip_repr
 from autopar.schema import one_line
 from autopar.schema.cost_model import CostModelFile
 from autopar.units import GiB, US
@@ -67,17 +68,18 @@ def read_cost_model_file(path: Path) -> CostModelFile:
     try:
         return CostModelFile(**raw)
     except ValidationError as exc:
-        raise SchemaError(one_line(exc, f"cost model {path}"))
+        raise SchemaError(one_line(exc, f"cost model {clip(path)}"))
 
 
 @lru_cache(maxsize=32)
 def load_cost_model(name_or_path: str) -> tuple[CostModelFile, CostParams]:
     """A shipped cost model by name (e.g. "h100") or a path to a cost-model JSON file."""
+    check_name(name_or_path, "cost model")
     path = Path(name_or_path).expanduser()
-    if not path.suffix:
+    if not path.suffix and "/" not in name_or_path:  # a name; anything with a folder is a path
         path = data_dir("cost_models") / f"{name_or_path}.json"
         if not path.is_file():
-            raise InputFileError(f"unknown cost model {name_or_path!r}; shipped: {', '.join(list_cost_models())}, "
+            raise InputFileError(f"unknown cost model {clip_repr(name_or_path)}; shipped: {', '.join(list_cost_models())}, "
                                  "or pass a path to a JSON file made by `autopar profile` or `autopar calibrate`")
     f = read_cost_model_file(path)
     return f, params_from_file(f)

@@ -19,9 +19,10 @@ from typing import Any, Mapping
 from pydantic import ValidationError
 
 from autopar.cost.step import stage_layer_counts
-from autopar.io import read_json_object
 from autopar.errors import InputFileError
 from autopar.export.megatron_rules import parse_layout, parse_megatron_argv
+from autopar.io import read_json_object, read_text_file
+from autopar.limits import clip_repr
 from autopar.schema import one_line
 from autopar.schema.plan import ParallelPlan, Recompute
 
@@ -130,8 +131,8 @@ def _is_file(text: str) -> bool:
     if "\n" in text or text.lstrip().startswith("-"):
         return False
     try:
-        return Path(text).is_file()
-    except OSError:  # e.g. a whole argument string is too long for a file name
+        return Path(text).exists()  # a directory or a device too: reading it says why it is no script
+    except (OSError, ValueError):  # e.g. a whole argument string is too long for a file name
         return False
 
 
@@ -139,13 +140,7 @@ def _argv(source: str | Path | list[str] | tuple[str, ...]) -> tuple[list[str], 
     if isinstance(source, (list, tuple)):
         return list(source), {}
     if isinstance(source, Path) or _is_file(source):
-        path = Path(source)
-        if not path.is_file():
-            raise InputFileError(f"launch script {path} does not exist; pass the script's path or its arguments")
-        try:
-            return _script_argv(path.read_text(encoding="utf-8"))
-        except (OSError, UnicodeDecodeError) as exc:
-            raise InputFileError(f"cannot read launch script {path} ({exc.__class__.__name__}); check its permissions")
+        return _script_argv(read_text_file(Path(source), "launch script", "pass the script's path or its arguments"))
     return _script_argv(source)
 
 
@@ -385,7 +380,26 @@ def _ds_dict(config: str | Path | Mapping[str, Any]) -> dict[str, Any]:
     if isinstance(config, Mapping):
         return dict(config)
     raw = read_json_object(Path(config), "DeepSpeed config", "pass a ds_config.json path or a dict")
+    _check_ds_types(raw)
     return raw
+
+
+_DS_SECTIONS = ("pipeline", "zero_optimization", "activation_checkpointing", "fp16", "bf16")
+_DS_COUNTS = (("train_batch_size",), ("train_micro_batch_size_per_gpu",), ("gradient_accumulation_steps",),
+              ("zero_optimization", "stage"), ("pipeline", "stages"),
+              ("activation_checkpointing", "number_checkpoints"))
+
+
+def _check_ds_types(c: Mapping[str, Any]) -> None:
+    """The sections autopar reads are objects and the counts whole numbers (a bool is not one)."""
+    for key in _DS_SECTIONS:
+        if key in c and not isinstance(c[key], dict):
+            raise InputFileError(f"DeepSpeed config key {key!r} must be an object, not {type(c[key]).__name__}")
+    for keys in _DS_COUNTS:
+        value = c.get(keys[0]) if len(keys) == 1 else c.get(keys[0], {}).get(keys[1])
+        if value is not None and (isinstance(value, bool) or not isinstance(value, int) or value < 0):
+            raise InputFileError(f"DeepSpeed config {'.'.join(keys)} is {clip_repr(value)}; it must be a whole "
+                                 "number")
 
 
 def plan_from_deepspeed_config(config: str | Path | Mapping[str, Any], num_gpus: int, *, seq_len: int

@@ -11,6 +11,8 @@ import yaml
 from pydantic import ValidationError
 
 from autopar.errors import InputFileError, SchemaError, UnknownModelError
+from autopar.io import read_text_file
+from autopar.limits import check_name, clip, clip_repr
 from autopar.model.build import build_graph
 from autopar.model.graph import Activation, Gemm, Layer, ModelGraph
 from autopar.model.hf_config import SUPPORTED_MODEL_TYPES, config_name, spec_from_hf_config
@@ -28,46 +30,60 @@ _FILE_SUFFIXES = (".json", ".yaml", ".yml")
 
 def _read_mapping(path: Path) -> dict:
     """Parse a JSON or YAML file into a dict, with one-line errors for every failure."""
-    if not path.is_file():
-        raise InputFileError(f"model file {path} does not exist; check the path or use a preset (autopar models)")
+    text = read_text_file(path, "model file", "check the path or use a preset (autopar models)")
+    is_json = path.suffix.lower() == ".json"
     try:
-        text = path.read_text(encoding="utf-8")
-    except (OSError, UnicodeDecodeError) as exc:
-        raise InputFileError(f"cannot read model file {path} ({exc.__class__.__name__}); check its permissions and encoding")
-    try:
-        data = json.loads(text) if path.suffix == ".json" else yaml.safe_load(text)
+        data = json.loads(text) if is_json else yaml.safe_load(text)
     except (json.JSONDecodeError, yaml.YAMLError) as exc:
         where = getattr(exc, "lineno", None) or getattr(getattr(exc, "problem_mark", None), "line", None)
-        raise InputFileError(f"model file {path} is malformed {'JSON' if path.suffix == '.json' else 'YAML'}"
+        raise InputFileError(f"model file {clip(path)} is malformed {'JSON' if is_json else 'YAML'}"
                              f"{f' near line {where}' if where else ''}; fix its syntax")
+    except (ValueError, RecursionError):
+        raise InputFileError(f"model file {clip(path)} cannot be parsed; check that it is a config.json or a YAML layer graph")
     if not isinstance(data, dict):
-        raise InputFileError(f"model file {path} must hold a mapping of keys to values, not {type(data).__name__}")
+        raise InputFileError(f"model file {clip(path)} must hold a mapping of keys to values, not {type(data).__name__}")
     return data
+
+
+# Keys only a Hugging Face config.json has: a file with these but no model_type is a config.json
+# missing its model_type, not a YAML layer graph with unknown keys.
+_HF_ONLY_KEYS = ("num_hidden_layers", "intermediate_size", "architectures", "n_layer", "n_embd", "torch_dtype")
 
 
 def _spec_from_file(path: Path) -> ModelSpec:
     data = _read_mapping(path)
     try:
         if "model_type" in data:
-            return spec_from_hf_config(data, name=config_name(data))
+            return spec_from_hf_config(data, name=_name_of(data, path))
+        if any(k in data for k in _HF_ONLY_KEYS):
+            raise SchemaError(f"model file {clip(path)} looks like a Hugging Face config.json but lacks 'model_type'; "
+                              f"add it (one of {', '.join(SUPPORTED_MODEL_TYPES)})")
         data.setdefault("name", path.stem)
         return ModelSpec(**data)
     except ValidationError as exc:
-        raise SchemaError(one_line(exc, f"model file {path}"))
+        raise SchemaError(one_line(exc, f"model file {clip(path)}"))
+
+
+def _name_of(data: dict, path: Path) -> str:
+    """The config's own name (_name_or_path, else its architecture), never the folder it sits in."""
+    return clip(config_name(data), 200)
 
 
 def load_spec(name_or_path: str) -> ModelSpec:
     """A preset name, a Hugging Face config.json, or a YAML/JSON ModelSpec file."""
     if name_or_path in PRESET_NAMES:
         return preset(name_or_path)
+    check_name(name_or_path, "model")
     path = Path(name_or_path).expanduser()
     if path.suffix.lower() in _FILE_SUFFIXES or path.exists():
-        if path.is_dir() and (path / "config.json").is_file():
+        if path.is_dir():
+            if not (path / "config.json").is_file():
+                raise InputFileError(f"model {clip(path)} is a directory without a config.json; pass the config file")
             path = path / "config.json"
         return _spec_from_file(path)
     close = difflib.get_close_matches(name_or_path.lower(), PRESET_NAMES, n=3, cutoff=0.5)
     hint = f"did you mean {', '.join(close)}? " if close else ""
-    raise UnknownModelError(f"unknown model {name_or_path!r}; {hint}run `autopar models` for presets, "
+    raise UnknownModelError(f"unknown model {clip_repr(name_or_path)}; {hint}run `autopar models` for presets, "
                             "or pass a config.json or YAML path")
 
 

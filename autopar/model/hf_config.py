@@ -11,20 +11,61 @@ from __future__ import annotations
 from typing import Any, Callable
 
 from autopar.errors import SchemaError, UnsupportedModelError
+from autopar.limits import clip_repr
 from autopar.schema.model import MLASpec, ModelSpec, MoESpec, RopeScaling
+
+
+def _whole(value: Any, key: str) -> Any:
+    """value unchanged if it is a whole number (not a bool or float) or None; else a SchemaError."""
+    if value is None or (isinstance(value, int) and not isinstance(value, bool)):
+        return value
+    raise SchemaError(f"config.json '{key}' is {clip_repr(value)}; it must be a whole number")
 
 
 def _get(cfg: dict, *keys: str, default: Any = None) -> Any:
     for key in keys:
         if cfg.get(key) is not None:
-            return cfg[key]
+            return _whole(cfg[key], key)
     return default
 
 
 def _require(cfg: dict, key: str, model_type: str) -> Any:
     if cfg.get(key) is None:
         raise SchemaError(f"config.json (model_type {model_type}) lacks '{key}'; add it or pass a complete config.json")
-    return cfg[key]
+    return _whole(cfg[key], key)
+
+
+def _flag(cfg: dict, key: str, default: bool) -> bool:
+    """A true/false key (absent or null: `default`); anything else is a SchemaError."""
+    value = cfg.get(key)
+    if value is None:
+        return default
+    if not isinstance(value, bool):
+        raise SchemaError(f"config.json '{key}' is {clip_repr(value)}; it must be true or false")
+    return value
+
+
+def _rate(cfg: dict, key: str, default: float) -> float:
+    """A dropout probability (absent or null: `default`), a finite number from 0 to 1."""
+    value = cfg.get(key)
+    if value is None:
+        return default
+    if isinstance(value, bool) or not isinstance(value, (int, float)) or not 0 <= value <= 1:
+        raise SchemaError(f"config.json '{key}' is {clip_repr(value)}; it must be a probability from 0 to 1")
+    return value
+
+
+def _number(cfg: dict, *keys: str, default: float | None = None) -> float | None:
+    """The first present key as a float (a finite, non-boolean number); else a SchemaError."""
+    for key in keys:
+        value = cfg.get(key)
+        if value is None:
+            continue
+        if isinstance(value, bool) or not isinstance(value, (int, float)) or value != value or \
+                value in (float("inf"), float("-inf")):
+            raise SchemaError(f"config.json '{key}' is {clip_repr(value)}; it must be a number")
+        return float(value)
+    return default
 
 
 def _require_any(cfg: dict, keys: tuple[str, ...], model_type: str) -> Any:
@@ -67,46 +108,50 @@ def _rope_parameters(cfg: dict) -> dict:
 def _rope_kwargs(cfg: dict, model_type: str, default_theta: float = 10000.0) -> dict:
     """rope_theta and rope_scaling of the spec; unsupported scaling types are refused."""
     rp = _rope_parameters(cfg)
-    kw: dict[str, Any] = {"rope_theta": float(rp.get("rope_theta", default_theta))}
+    kw: dict[str, Any] = {"rope_theta": _number(rp, "rope_theta", default=default_theta)}
     rope_type = rp.get("rope_type") or "default"
-    if rope_type == "default" or (rope_type == "linear" and float(rp.get("factor", 1.0)) == 1.0):
+    if rope_type == "default" or (rope_type == "linear" and _number(rp, "factor", default=1.0) == 1.0):
         return kw
     if rope_type not in ("llama3", "yarn"):
-        raise SchemaError(f"config.json (model_type {model_type}): RoPE scaling {rope_type!r} is not supported "
-                          "(llama3 and yarn are); remove rope_scaling or describe the model as a YAML layer graph")
-    orig = _get(rp, "original_max_position_embeddings", default=cfg.get("max_position_embeddings"))
+        raise SchemaError(f"config.json (model_type {model_type}): RoPE scaling {clip_repr(rope_type)} is not "
+                          "supported (llama3 and yarn are); remove rope_scaling or describe the model as a YAML "
+                          "layer graph")
+    orig = _get(rp, "original_max_position_embeddings", default=_get(cfg, "max_position_embeddings"))
     if orig is None:
         raise SchemaError(f"config.json (model_type {model_type}): {rope_type} RoPE scaling lacks "
                           "'original_max_position_embeddings'; add it")
+    factor = _number(rp, "factor")
+    if factor is None:
+        raise SchemaError(f"config.json (model_type {model_type}) lacks 'factor' in its {rope_type} RoPE scaling; "
+                          "add it")
     fields = ("low_freq_factor", "high_freq_factor") if rope_type == "llama3" else \
         ("beta_fast", "beta_slow", "mscale", "mscale_all_dim")
-    extra = {k: float(rp[k]) for k in fields if rp.get(k) is not None}
-    kw["rope_scaling"] = RopeScaling(type=rope_type, factor=float(_require(rp, "factor", model_type)),
-                                     original_max_position_embeddings=int(orig), **extra)
+    extra = {k: _number(rp, k) for k in fields if rp.get(k) is not None}
+    kw["rope_scaling"] = RopeScaling(type=rope_type, factor=factor, original_max_position_embeddings=orig, **extra)
     return kw
 
 
 def _sliding_window(cfg: dict, model_type: str, num_layers: int) -> int | None:
     """The attention window when every layer slides (Mistral; Qwen with use_sliding_window and
     max_window_layers 0); None for full attention; mixed per-layer windows are refused."""
-    window = cfg.get("sliding_window")
+    window = _get(cfg, "sliding_window")
     types = cfg.get("layer_types")
     if isinstance(types, list) and types:
         sliding = [t == "sliding_attention" for t in types]
     elif model_type in ("qwen2", "qwen3", "qwen3_moe"):
-        if not cfg.get("use_sliding_window"):
+        if not _flag(cfg, "use_sliding_window", False):
             return None
-        first = cfg.get("max_window_layers", num_layers)  # layers i >= max_window_layers slide
+        first = _get(cfg, "max_window_layers", default=num_layers)  # layers i >= max_window_layers slide
         sliding = [i >= first for i in range(num_layers)]
     else:
-        return int(window) if window else None
+        return window or None
     if not any(sliding) or not window:
         return None
     if not all(sliding):
         raise SchemaError(f"config.json (model_type {model_type}): sliding-window attention on {sum(sliding)} of "
                           f"{len(sliding)} layers is not supported (one window for every layer is); describe the "
                           "model as a YAML layer graph")
-    return int(window)
+    return window
 
 
 # transformers' configuration-class defaults where config.json omits the epsilon
@@ -119,21 +164,21 @@ def _common(cfg: dict, name: str, model_type: str) -> dict:
         name=name, source=f"Hugging Face config.json (model_type {model_type})",
         num_layers=_require(cfg, "num_hidden_layers", model_type),
         hidden_size=_require(cfg, "hidden_size", model_type), num_attention_heads=heads,
-        num_kv_heads=_get(cfg, "num_key_value_heads", default=heads), head_dim=cfg.get("head_dim"),
+        num_kv_heads=_get(cfg, "num_key_value_heads", default=heads), head_dim=_get(cfg, "head_dim"),
         ffn_hidden_size=_require(cfg, "intermediate_size", model_type),
         vocab_size=_require(cfg, "vocab_size", model_type),
         seq_length=min(_get(cfg, "max_position_embeddings", default=4096), 8192),
-        tie_embeddings=bool(cfg.get("tie_word_embeddings", False)),
-        norm_epsilon=float(_get(cfg, "rms_norm_eps", "layer_norm_eps", "layer_norm_epsilon",
-                                default=_DEFAULT_NORM_EPS.get(model_type, 1e-6))),
+        tie_embeddings=_flag(cfg, "tie_word_embeddings", False),
+        norm_epsilon=_number(cfg, "rms_norm_eps", "layer_norm_eps", "layer_norm_epsilon",
+                             default=_DEFAULT_NORM_EPS.get(model_type, 1e-6)),
         **_rope_kwargs(cfg, model_type),
     )
 
 
 def _llama_like(cfg: dict, name: str, model_type: str) -> dict:
     kw = _common(cfg, name, model_type)
-    bias = bool(cfg.get("attention_bias", model_type == "qwen2"))
-    kw.update(qkv_bias=bias, attn_out_bias=bias and model_type != "qwen2", mlp_bias=bool(cfg.get("mlp_bias", False)),
+    bias = _flag(cfg, "attention_bias", model_type == "qwen2")
+    kw.update(qkv_bias=bias, attn_out_bias=bias and model_type != "qwen2", mlp_bias=_flag(cfg, "mlp_bias", False),
               qk_norm=model_type in ("qwen3", "qwen3_moe"),
               sliding_window=_sliding_window(cfg, model_type, kw["num_layers"]))
     return kw
@@ -147,7 +192,7 @@ def _mixtral(cfg: dict, name: str, model_type: str) -> dict:
     kw["moe"] = MoESpec(num_experts=_require_any(cfg, _NUM_EXPERTS, model_type),
                         top_k=_require(cfg, "num_experts_per_tok", model_type),
                         expert_ffn_hidden_size=kw["ffn_hidden_size"],
-                        aux_loss_coeff=float(_get(cfg, "router_aux_loss_coef", default=0.0)))
+                        aux_loss_coeff=_number(cfg, "router_aux_loss_coef", default=0.0))
     return kw
 
 
@@ -158,9 +203,9 @@ def _qwen3_moe(cfg: dict, name: str, model_type: str) -> dict:
     kw["moe"] = MoESpec(num_experts=_require_any(cfg, _NUM_EXPERTS, model_type),
                         top_k=_require(cfg, "num_experts_per_tok", model_type),
                         expert_ffn_hidden_size=_require(cfg, "moe_intermediate_size", model_type),
-                        layer_freq=cfg.get("decoder_sparse_step", 1),
-                        norm_topk_prob=bool(cfg.get("norm_topk_prob", False)),
-                        aux_loss_coeff=float(_get(cfg, "router_aux_loss_coef", default=0.0)))
+                        layer_freq=_get(cfg, "decoder_sparse_step", default=1),
+                        norm_topk_prob=_flag(cfg, "norm_topk_prob", False),
+                        aux_loss_coeff=_number(cfg, "router_aux_loss_coef", default=0.0))
     return kw
 
 
@@ -168,19 +213,18 @@ def _deepseek_v3(cfg: dict, name: str, model_type: str) -> dict:
     kw = _common(cfg, name, model_type)
     kw["num_kv_heads"] = kw["num_attention_heads"]
     kw["head_dim"] = None
-    kw["mtp_layers"] = cfg.get("num_nextn_predict_layers", 0)
-    kw["mla"] = MLASpec(q_lora_rank=cfg.get("q_lora_rank"), kv_lora_rank=_require(cfg, "kv_lora_rank", model_type),
+    kw["mtp_layers"] = _get(cfg, "num_nextn_predict_layers", default=0)
+    kw["mla"] = MLASpec(q_lora_rank=_get(cfg, "q_lora_rank"), kv_lora_rank=_require(cfg, "kv_lora_rank", model_type),
                         qk_nope_head_dim=_require(cfg, "qk_nope_head_dim", model_type),
                         qk_rope_head_dim=_require(cfg, "qk_rope_head_dim", model_type),
                         v_head_dim=_require(cfg, "v_head_dim", model_type))
-    shared = cfg.get("n_shared_experts") or 0
+    shared = _get(cfg, "n_shared_experts", default=0)
     expert_ffn = _require(cfg, "moe_intermediate_size", model_type)
-    kw["moe"] = MoESpec(num_experts=_require_any(cfg, ("n_routed_experts", "num_local_experts", "num_experts"),
-                                                 model_type),
+    kw["moe"] = MoESpec(num_experts=_require(cfg, "n_routed_experts", model_type),
                         top_k=_require(cfg, "num_experts_per_tok", model_type), expert_ffn_hidden_size=expert_ffn,
                         num_shared_experts=shared, shared_expert_ffn_hidden_size=expert_ffn if shared else 0,
-                        first_k_dense=cfg.get("first_k_dense_replace", 0), layer_freq=cfg.get("moe_layer_freq", 1),
-                        **_deepseek_router(cfg, model_type))
+                        first_k_dense=_get(cfg, "first_k_dense_replace", default=0),
+                        layer_freq=_get(cfg, "moe_layer_freq", default=1), **_deepseek_router(cfg, model_type))
     return kw
 
 
@@ -190,43 +234,43 @@ def _deepseek_router(cfg: dict, model_type: str) -> dict:
     and a sequence-wise balance loss aux_loss_alpha when seq_aux."""
     score = cfg.get("scoring_func", "sigmoid")
     if score not in ("softmax", "sigmoid"):
-        raise SchemaError(f"config.json (model_type {model_type}): scoring_func {score!r} is not supported "
+        raise SchemaError(f"config.json (model_type {model_type}): scoring_func {clip_repr(score)} is not supported "
                           "(softmax and sigmoid are)")
-    groups, group_topk = cfg.get("n_group"), cfg.get("topk_group")
+    groups, group_topk = _get(cfg, "n_group"), _get(cfg, "topk_group")
     grouped = groups is not None and group_topk is not None and groups > 1
-    return dict(score_function=score, norm_topk_prob=bool(cfg.get("norm_topk_prob", True)),
+    return dict(score_function=score, norm_topk_prob=_flag(cfg, "norm_topk_prob", True),
                 expert_bias=cfg.get("topk_method", "noaux_tc") == "noaux_tc",
                 num_groups=groups if grouped else None, group_topk=group_topk if grouped else None,
-                routed_scaling_factor=float(cfg.get("routed_scaling_factor", 1.0)),
-                aux_loss_coeff=float(_get(cfg, "aux_loss_alpha", "router_aux_loss_coef", default=0.0)),
-                aux_loss_per_sequence=bool(cfg.get("seq_aux", False)), router_fp32=True)
+                routed_scaling_factor=_number(cfg, "routed_scaling_factor", default=1.0),
+                aux_loss_coeff=_number(cfg, "aux_loss_alpha", "router_aux_loss_coef", default=0.0),
+                aux_loss_per_sequence=_flag(cfg, "seq_aux", False), router_fp32=True)
 
 
 def _gpt2(cfg: dict, name: str, model_type: str) -> dict:
     h = _require(cfg, "n_embd", model_type)
     positions = _get(cfg, "n_positions", "n_ctx", default=1024)
-    dropout = any(cfg.get(k, 0.1) > 0 for k in ("resid_pdrop", "attn_pdrop", "embd_pdrop"))
+    dropout = any(_rate(cfg, k, 0.1) > 0 for k in ("resid_pdrop", "attn_pdrop", "embd_pdrop"))
     return dict(
         name=name, source=f"Hugging Face config.json (model_type {model_type})",
         num_layers=_require(cfg, "n_layer", model_type), hidden_size=h,
-        num_attention_heads=_require(cfg, "n_head", model_type), ffn_hidden_size=cfg.get("n_inner") or 4 * h,
+        num_attention_heads=_require(cfg, "n_head", model_type), ffn_hidden_size=_get(cfg, "n_inner") or 4 * h,
         vocab_size=_require(cfg, "vocab_size", model_type), seq_length=positions, max_position_embeddings=positions,
         activation="gelu", normalization="layernorm", position_embedding="learned",
-        tie_embeddings=cfg.get("tie_word_embeddings", True), qkv_bias=True, attn_out_bias=True, mlp_bias=True,
-        dropout=dropout, norm_epsilon=float(cfg.get("layer_norm_epsilon", 1e-5)),
+        tie_embeddings=_flag(cfg, "tie_word_embeddings", True), qkv_bias=True, attn_out_bias=True, mlp_bias=True,
+        dropout=dropout, norm_epsilon=_number(cfg, "layer_norm_epsilon", default=1e-5),
     )
 
 
 def _gpt_neox(cfg: dict, name: str, model_type: str) -> dict:
     kw = _common(cfg, name, model_type)
-    bias = bool(cfg.get("attention_bias", True))
-    dropout = any((cfg.get(k) or 0) > 0 for k in ("hidden_dropout", "attention_dropout", "hidden_dropout_prob"))
+    bias = _flag(cfg, "attention_bias", True)
+    dropout = any(_rate(cfg, k, 0) > 0 for k in ("hidden_dropout", "attention_dropout", "hidden_dropout_prob"))
     rp = _rope_parameters(cfg)
     kw.update(activation="gelu", normalization="layernorm", qkv_bias=bias, attn_out_bias=bias, mlp_bias=True,
               dropout=dropout, num_kv_heads=kw["num_attention_heads"],
-              rope_theta=float(_get(rp, "rope_theta", default=_get(cfg, "rotary_emb_base", default=10000.0))),
-              rotary_percent=float(_get(cfg, "rotary_pct", "partial_rotary_factor",
-                                        default=_get(rp, "partial_rotary_factor", default=1.0))))
+              rope_theta=_number(rp, "rope_theta", default=_number(cfg, "rotary_emb_base", default=10000.0)),
+              rotary_percent=_number(cfg, "rotary_pct", "partial_rotary_factor",
+                                     default=_number(rp, "partial_rotary_factor", default=1.0)))
     return kw
 
 
@@ -242,10 +286,10 @@ SUPPORTED_MODEL_TYPES: tuple[str, ...] = tuple(_MODEL_TYPE_TO_BUILDER)
 def spec_from_hf_config(cfg: dict, name: str) -> ModelSpec:
     """ModelSpec from a parsed config.json dict. Raises UnsupportedModelError or SchemaError."""
     model_type = cfg.get("model_type")
-    builder = _MODEL_TYPE_TO_BUILDER.get(model_type)
+    builder = _MODEL_TYPE_TO_BUILDER.get(model_type) if isinstance(model_type, str) else None
     if builder is None:
         raise UnsupportedModelError(
-            f"config.json model_type {model_type!r} is not supported; supported: {', '.join(SUPPORTED_MODEL_TYPES)} "
+            f"config.json model_type {clip_repr(model_type)} is not supported; supported: {', '.join(SUPPORTED_MODEL_TYPES)} "
             "(or describe the model as a YAML layer graph, see examples/custom-decoder.yaml)"
         )
     return ModelSpec(**builder(cfg, name, model_type))

@@ -488,9 +488,16 @@ def _figure(width: float, height: float):
 
 
 def _save(fig, path: str | Path) -> Path:
+    """Render to memory, then write atomically (autopar.io): a failed write leaves no partial picture
+    and its OSError is one line. (The CLI refuses an existing picture without --force beforehand.)"""
+    import io
+
+    from autopar.io import write_output
+
     out = Path(path)
-    out.parent.mkdir(parents=True, exist_ok=True)
-    fig.savefig(out, bbox_inches="tight")
+    buf = io.BytesIO()
+    fig.savefig(buf, format=out.suffix.lower().lstrip(".") or "png", bbox_inches="tight")
+    write_output(out, buf.getvalue(), force=True, what="picture")
     return out
 
 

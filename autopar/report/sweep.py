@@ -82,11 +82,23 @@ class SweepPoint:
         }
 
 
-def parse_values(text: str, option: str) -> list[int]:
-    """'8,16,32' -> [8, 16, 32], with a one-line error naming the option."""
+MAX_POINTS = 64  # points in one sweep: each runs a search
+
+
+def parse_values(text: str, option: str, high: int | None = None) -> list[int]:
+    """'8,16,32' -> [8, 16, 32], with a one-line error naming the option; each value at most `high`
+    (default: the option's limit in autopar.limits), at most MAX_POINTS values."""
+    from autopar.limits import MAX_GLOBAL_BATCH, MAX_GPUS, MAX_SEQ_LEN, clip, clip_repr
+
+    high = high or {"--gpus": MAX_GPUS, "--global-batch": MAX_GLOBAL_BATCH, "--seq-len": MAX_SEQ_LEN}.get(option, MAX_GPUS)
     parts = [x.strip() for x in text.split(",") if x.strip()]
-    if not parts or not all(x.isdigit() and int(x) > 0 for x in parts):
-        raise SchemaError(f"{option} {text!r} must be positive whole numbers separated by commas, e.g. 8,16,32")
+    if not parts or not all(x.isascii() and x.isdigit() and int(x) > 0 for x in parts):
+        raise SchemaError(f"{option} {clip_repr(text)} must be positive whole numbers separated by commas, e.g. 8,16,32")
+    if len(parts) > MAX_POINTS:
+        raise SchemaError(f"{option} lists {len(parts)} values; a sweep takes at most {MAX_POINTS}, so sweep in parts")
+    too_big = [x for x in parts if int(x) > high]
+    if too_big:
+        raise SchemaError(f"{option} {clip(too_big[0])} is over the limit of {high:,}; use smaller values")
     return [int(x) for x in parts]
 
 

@@ -12,6 +12,8 @@ from typing import Any, Literal
 
 from pydantic import BaseModel, ConfigDict, Field
 
+from autopar.schema.types import Count, Real
+
 _FROZEN = ConfigDict(frozen=True, extra="forbid")
 
 
@@ -28,53 +30,53 @@ class Provenance(BaseModel):
 class ComputeEfficiency(BaseModel):
     model_config = _FROZEN
 
-    gemm_max: float = Field(..., gt=0, le=1, description="Best fraction of dense peak a large GEMM reaches.")
-    gemm_half_dim: float = Field(..., ge=0, description="A GEMM dim of this size halves efficiency in that dim.")
-    attention_max: float = Field(..., gt=0, le=1, description="Best fraction of peak of the attention kernel.")
-    attention_half_seq: float = Field(..., ge=0, description="Sequence length at which attention efficiency halves.")
-    unfused_attention_max: float = Field(0.3, gt=0, le=1, description="Fraction of peak of unfused (pre-flash) attention GEMMs: batched QK^T and AV with the scores in HBM.")
-    attention_backward_ratio: float = Field(2.5, gt=0, description="Backward/forward FLOPs of flash attention (Dao 2023).")
-    hbm_efficiency: float = Field(..., gt=0, le=1, description="Achieved fraction of HBM bandwidth by elementwise ops.")
-    kernel_overhead_us: float = Field(..., ge=0, description="Fixed launch/tail cost per kernel, microseconds.")
-    layer_launch_floor_us: float = Field(0.0, ge=0, description="CPU time to issue one layer's forward kernels; a layer pass never runs faster (launch-bound regime).")
-    fp8_speedup: float = Field(1.0, gt=0, description="Achieved fp8 over bf16 GEMM speed-up (not the 2x peak ratio).")
+    gemm_max: Real = Field(..., gt=0, le=1, description="Best fraction of dense peak a large GEMM reaches.")
+    gemm_half_dim: Real = Field(..., ge=0, description="A GEMM dim of this size halves efficiency in that dim.")
+    attention_max: Real = Field(..., gt=0, le=1, description="Best fraction of peak of the attention kernel.")
+    attention_half_seq: Real = Field(..., ge=0, description="Sequence length at which attention efficiency halves.")
+    unfused_attention_max: Real = Field(0.3, gt=0, le=1, description="Fraction of peak of unfused (pre-flash) attention GEMMs: batched QK^T and AV with the scores in HBM.")
+    attention_backward_ratio: Real = Field(2.5, gt=0, description="Backward/forward FLOPs of flash attention (Dao 2023).")
+    hbm_efficiency: Real = Field(..., gt=0, le=1, description="Achieved fraction of HBM bandwidth by elementwise ops.")
+    kernel_overhead_us: Real = Field(..., ge=0, description="Fixed launch/tail cost per kernel, microseconds.")
+    layer_launch_floor_us: Real = Field(0.0, ge=0, description="CPU time to issue one layer's forward kernels; a layer pass never runs faster (launch-bound regime).")
+    fp8_speedup: Real = Field(1.0, gt=0, description="Achieved fp8 over bf16 GEMM speed-up (not the 2x peak ratio).")
 
 
 class NetworkEfficiency(BaseModel):
     model_config = _FROZEN
 
-    intra_node: float = Field(..., gt=0, le=1, description="Achieved fraction of NVLink bandwidth by NCCL (bus bw).")
-    inter_node: float = Field(..., gt=0, le=1, description="Achieved fraction of NIC bandwidth by NCCL (bus bw).")
-    half_message_bytes: float = Field(..., ge=0, description="Message size at which bandwidth efficiency halves.")
-    collective_overhead_us: float = Field(0.0, ge=0, description="Fixed cost of one collective call (launch, rank skew), microseconds.")
-    tp_overlap: float = Field(0.7, ge=0, le=1, description="Fraction of TP comm hidden when --tp-comm-overlap is on.")
-    cp_overlap: float = Field(0.9, ge=0, le=1, description="Fraction of CP K/V exchange hidden behind attention.")
+    intra_node: Real = Field(..., gt=0, le=1, description="Achieved fraction of NVLink bandwidth by NCCL (bus bw).")
+    inter_node: Real = Field(..., gt=0, le=1, description="Achieved fraction of NIC bandwidth by NCCL (bus bw).")
+    half_message_bytes: Real = Field(..., ge=0, description="Message size at which bandwidth efficiency halves.")
+    collective_overhead_us: Real = Field(0.0, ge=0, description="Fixed cost of one collective call (launch, rank skew), microseconds.")
+    tp_overlap: Real = Field(0.7, ge=0, le=1, description="Fraction of TP comm hidden when --tp-comm-overlap is on.")
+    cp_overlap: Real = Field(0.9, ge=0, le=1, description="Fraction of CP K/V exchange hidden behind attention.")
 
 
 class MemoryOverheads(BaseModel):
     model_config = _FROZEN
 
-    cuda_context_gib: float = Field(..., ge=0, description="CUDA context, cuBLAS/NCCL workspaces per GPU.")
-    fragmentation: float = Field(..., ge=0, description="Allocator fragmentation as a fraction of allocated bytes.")
-    comm_buffer_gib: float = Field(..., ge=0, description="NCCL and bucket buffers per GPU.")
+    cuda_context_gib: Real = Field(..., ge=0, description="CUDA context, cuBLAS/NCCL workspaces per GPU.")
+    fragmentation: Real = Field(..., ge=0, description="Allocator fragmentation as a fraction of allocated bytes.")
+    comm_buffer_gib: Real = Field(..., ge=0, description="NCCL and bucket buffers per GPU.")
 
 
 class GemmPoint(BaseModel):
     model_config = _FROZEN
 
-    m: int = Field(..., ge=1)
-    n: int = Field(..., ge=1)
-    k: int = Field(..., ge=1)
-    efficiency: float = Field(..., gt=0, le=1.2, description="Measured TFLOP/s over the dtype's dense peak.")
+    m: Count = Field(..., ge=1)
+    n: Count = Field(..., ge=1)
+    k: Count = Field(..., ge=1)
+    efficiency: Real = Field(..., gt=0, le=1.2, description="Measured TFLOP/s over the dtype's dense peak.")
 
 
 class FitReport(BaseModel):
     model_config = _FROZEN
 
-    runs_fit: int = Field(..., ge=0)
-    runs_holdout: int = Field(..., ge=0)
-    mape_fit: float | None = None
-    mape_holdout: float | None = None
+    runs_fit: Count = Field(..., ge=0)
+    runs_holdout: Count = Field(..., ge=0)
+    mape_fit: Real | None = None
+    mape_holdout: Real | None = None
 
 
 class CostModelFile(BaseModel):

@@ -12,6 +12,8 @@ from typing import Annotated, Literal
 
 from pydantic import BaseModel, ConfigDict, Field, StringConstraints
 
+from autopar.schema.types import Count, Real
+
 _FROZEN = ConfigDict(frozen=True, extra="forbid")
 
 NonEmptyStr = Annotated[str, StringConstraints(strip_whitespace=True, min_length=1)]
@@ -24,10 +26,10 @@ class PeakTFLOPS(BaseModel):
 
     model_config = _FROZEN
 
-    bf16: float = Field(..., gt=0, description="Dense BF16 tensor-core peak, TFLOP/s.")
-    fp16: float = Field(..., gt=0, description="Dense FP16 tensor-core peak, TFLOP/s.")
-    fp8: float | None = Field(None, gt=0, description="Dense FP8 tensor-core peak, TFLOP/s; null where the GPU has no FP8 (A100).")
-    tf32: float = Field(..., gt=0, description="Dense TF32 tensor-core peak, TFLOP/s.")
+    bf16: Real = Field(..., gt=0, description="Dense BF16 tensor-core peak, TFLOP/s.")
+    fp16: Real = Field(..., gt=0, description="Dense FP16 tensor-core peak, TFLOP/s.")
+    fp8: Real | None = Field(None, gt=0, description="Dense FP8 tensor-core peak, TFLOP/s; null where the GPU has no FP8 (A100).")
+    tf32: Real = Field(..., gt=0, description="Dense TF32 tensor-core peak, TFLOP/s.")
 
 
 class GPUSpec(BaseModel):
@@ -37,8 +39,8 @@ class GPUSpec(BaseModel):
 
     name: NonEmptyStr = Field(..., description="GPU model as the vendor names it, e.g. 'H100 SXM5 80GB'.")
     peak_tflops: PeakTFLOPS = Field(..., description="Dense tensor-core peaks by dtype, TFLOP/s.")
-    hbm_gib: float = Field(..., gt=0, description="HBM capacity per GPU in GiB (1024**3 bytes).")
-    hbm_gb_per_s: float = Field(..., gt=0, description="HBM bandwidth per GPU in GB/s (1e9 bytes/s).")
+    hbm_gib: Real = Field(..., gt=0, description="HBM capacity per GPU in GiB (1024**3 bytes).")
+    hbm_gb_per_s: Real = Field(..., gt=0, description="HBM bandwidth per GPU in GB/s (1e9 bytes/s).")
 
 
 class NodeSpec(BaseModel):
@@ -46,9 +48,9 @@ class NodeSpec(BaseModel):
 
     model_config = _FROZEN
 
-    gpus_per_node: int = Field(..., ge=1, description="GPUs in one NVLink domain (one server).")
-    intra_node_gb_per_s: float = Field(..., gt=0, description="NVLink bandwidth per GPU per direction, GB/s (half the vendor's bidirectional figure).")
-    intra_node_latency_us: float = Field(..., ge=0, description="Per-message NVLink latency, microseconds.")
+    gpus_per_node: Count = Field(..., ge=1, description="GPUs in one NVLink domain (one server).")
+    intra_node_gb_per_s: Real = Field(..., gt=0, description="NVLink bandwidth per GPU per direction, GB/s (half the vendor's bidirectional figure).")
+    intra_node_latency_us: Real = Field(..., ge=0, description="Per-message NVLink latency, microseconds.")
 
 
 class NetworkSpec(BaseModel):
@@ -56,11 +58,11 @@ class NetworkSpec(BaseModel):
 
     model_config = _FROZEN
 
-    nics_per_node: int = Field(..., ge=1, description="Compute-fabric NICs per node (storage NICs excluded).")
-    nic_gbit_per_s: float = Field(..., gt=0, description="Line rate of one NIC in Gb/s, as vendors state it (e.g. 400 for NDR).")
-    latency_us: float = Field(..., ge=0, description="Per-message inter-node latency, microseconds.")
+    nics_per_node: Count = Field(..., ge=1, description="Compute-fabric NICs per node (storage NICs excluded).")
+    nic_gbit_per_s: Real = Field(..., gt=0, description="Line rate of one NIC in Gb/s, as vendors state it (e.g. 400 for NDR).")
+    latency_us: Real = Field(..., ge=0, description="Per-message inter-node latency, microseconds.")
     topology: Topology = Field(..., description="Fabric shape: 'rail-optimized-fat-tree' or 'fat-tree'.")
-    oversubscription: float = Field(1.0, ge=1, description="Fabric oversubscription ratio; 1 = non-blocking.")
+    oversubscription: Real = Field(1.0, ge=1, description="Fabric oversubscription ratio; 1 = non-blocking.")
 
 
 class ClusterProfile(BaseModel):

@@ -11,6 +11,10 @@ from typing import Literal
 
 from pydantic import BaseModel, ConfigDict, Field, model_validator
 
+from autopar.limits import (MAX_EXPERTS, MAX_FFN_HIDDEN_SIZE, MAX_HEADS, MAX_HIDDEN_SIZE, MAX_LAYERS, MAX_SEQ_LEN,
+                            MAX_VOCAB_SIZE)
+from autopar.schema.types import Count, Flag, Real
+
 _FROZEN = ConfigDict(frozen=True, extra="forbid")
 
 
@@ -19,11 +23,11 @@ class MLASpec(BaseModel):
 
     model_config = _FROZEN
 
-    q_lora_rank: int | None = Field(None, ge=1, description="Rank of the q down-projection; None = full-rank q.")
-    kv_lora_rank: int = Field(..., ge=1, description="Rank of the joint kv down-projection.")
-    qk_nope_head_dim: int = Field(..., ge=1, description="Per-head q/k dim without rotary embedding.")
-    qk_rope_head_dim: int = Field(..., ge=1, description="Per-head q/k dim with rotary (k part shared across heads).")
-    v_head_dim: int = Field(..., ge=1, description="Per-head value dim.")
+    q_lora_rank: Count | None = Field(None, ge=1, le=MAX_HIDDEN_SIZE, description="Rank of the q down-projection; None = full-rank q.")
+    kv_lora_rank: Count = Field(..., ge=1, le=MAX_HIDDEN_SIZE, description="Rank of the joint kv down-projection.")
+    qk_nope_head_dim: Count = Field(..., ge=1, le=MAX_HIDDEN_SIZE, description="Per-head q/k dim without rotary embedding.")
+    qk_rope_head_dim: Count = Field(..., ge=1, le=MAX_HIDDEN_SIZE, description="Per-head q/k dim with rotary (k part shared across heads).")
+    v_head_dim: Count = Field(..., ge=1, le=MAX_HIDDEN_SIZE, description="Per-head value dim.")
 
 
 class RopeScaling(BaseModel):
@@ -34,14 +38,14 @@ class RopeScaling(BaseModel):
     model_config = _FROZEN
 
     type: Literal["llama3", "yarn"] = Field(..., description="llama3 (Llama 3.1+) or yarn (DeepSeek-V3).")
-    factor: float = Field(..., gt=0, description="Context extension factor.")
-    original_max_position_embeddings: int = Field(..., ge=1, description="Pre-training context length.")
-    low_freq_factor: float = Field(1.0, gt=0, description="llama3: wavelengths above orig/low are divided by factor.")
-    high_freq_factor: float = Field(4.0, gt=0, description="llama3: wavelengths below orig/high are kept.")
-    beta_fast: float = Field(32.0, gt=0, description="yarn: fast correction boundary (rotations).")
-    beta_slow: float = Field(1.0, gt=0, description="yarn: slow correction boundary (rotations).")
-    mscale: float = Field(1.0, ge=0, description="yarn: attention temperature coefficient.")
-    mscale_all_dim: float = Field(0.0, ge=0, description="yarn: mscale applied to all dims (DeepSeek).")
+    factor: Real = Field(..., gt=0, le=1e6, description="Context extension factor.")
+    original_max_position_embeddings: Count = Field(..., ge=1, le=MAX_SEQ_LEN, description="Pre-training context length.")
+    low_freq_factor: Real = Field(1.0, gt=0, le=1e6, description="llama3: wavelengths above orig/low are divided by factor.")
+    high_freq_factor: Real = Field(4.0, gt=0, le=1e6, description="llama3: wavelengths below orig/high are kept.")
+    beta_fast: Real = Field(32.0, gt=0, le=1e6, description="yarn: fast correction boundary (rotations).")
+    beta_slow: Real = Field(1.0, gt=0, le=1e6, description="yarn: slow correction boundary (rotations).")
+    mscale: Real = Field(1.0, ge=0, le=1e6, description="yarn: attention temperature coefficient.")
+    mscale_all_dim: Real = Field(0.0, ge=0, le=1e6, description="yarn: mscale applied to all dims (DeepSeek).")
 
 
 class MoESpec(BaseModel):
@@ -49,24 +53,24 @@ class MoESpec(BaseModel):
 
     model_config = _FROZEN
 
-    num_experts: int = Field(..., ge=1, description="Routed experts per MoE layer.")
-    top_k: int = Field(..., ge=1, description="Experts each token is routed to.")
-    expert_ffn_hidden_size: int = Field(..., ge=1, description="Intermediate size of one routed expert.")
-    num_shared_experts: int = Field(0, ge=0, description="Always-active shared experts (DeepSeek).")
-    shared_expert_ffn_hidden_size: int = Field(0, ge=0, description="Intermediate size of one shared expert.")
-    first_k_dense: int = Field(0, ge=0, description="Leading decoder layers with a dense FFN (DeepSeek first_k_dense_replace).")
-    layer_freq: int = Field(1, ge=1, description="Every layer_freq-th layer (after first_k_dense) is MoE; 1 = all.")
-    shared_expert_gate: bool = Field(False, description="A sigmoid gate (h -> 1) on the shared expert (Qwen2-MoE).")
+    num_experts: Count = Field(..., ge=1, le=MAX_EXPERTS, description="Routed experts per MoE layer.")
+    top_k: Count = Field(..., ge=1, le=MAX_EXPERTS, description="Experts each token is routed to.")
+    expert_ffn_hidden_size: Count = Field(..., ge=1, le=MAX_FFN_HIDDEN_SIZE, description="Intermediate size of one routed expert.")
+    num_shared_experts: Count = Field(0, ge=0, le=MAX_EXPERTS, description="Always-active shared experts (DeepSeek).")
+    shared_expert_ffn_hidden_size: Count = Field(0, ge=0, le=MAX_FFN_HIDDEN_SIZE, description="Intermediate size of one shared expert.")
+    first_k_dense: Count = Field(0, ge=0, le=MAX_LAYERS, description="Leading decoder layers with a dense FFN (DeepSeek first_k_dense_replace).")
+    layer_freq: Count = Field(1, ge=1, le=MAX_LAYERS, description="Every layer_freq-th layer (after first_k_dense) is MoE; 1 = all.")
+    shared_expert_gate: Flag = Field(False, description="A sigmoid gate (h -> 1) on the shared expert (Qwen2-MoE).")
     score_function: Literal["softmax", "sigmoid"] = Field(
         "softmax", description="Router score: softmax (Mixtral, Qwen3) or sigmoid (DeepSeek-V3 scoring_func).")
-    norm_topk_prob: bool = Field(True, description="Renormalise the top-k scores to sum to 1 (HF norm_topk_prob).")
-    expert_bias: bool = Field(False, description="Aux-loss-free balancing bias on the scores (DeepSeek-V3 noaux_tc).")
-    num_groups: int | None = Field(None, ge=1, description="Group-limited routing: expert groups (n_group).")
-    group_topk: int | None = Field(None, ge=1, description="Group-limited routing: groups kept per token (topk_group).")
-    routed_scaling_factor: float = Field(1.0, gt=0, description="Scale on the routed experts' output (DeepSeek: 2.5).")
-    aux_loss_coeff: float = Field(0.0, ge=0, description="Load-balancing loss coefficient (router_aux_loss_coef).")
-    aux_loss_per_sequence: bool = Field(False, description="Balance loss per sequence (DeepSeek seq_aux), not per batch.")
-    router_fp32: bool = Field(False, description="Router logits computed in fp32 (DeepSeek-V3's gate).")
+    norm_topk_prob: Flag = Field(True, description="Renormalise the top-k scores to sum to 1 (HF norm_topk_prob).")
+    expert_bias: Flag = Field(False, description="Aux-loss-free balancing bias on the scores (DeepSeek-V3 noaux_tc).")
+    num_groups: Count | None = Field(None, ge=1, le=MAX_EXPERTS, description="Group-limited routing: expert groups (n_group).")
+    group_topk: Count | None = Field(None, ge=1, le=MAX_EXPERTS, description="Group-limited routing: groups kept per token (topk_group).")
+    routed_scaling_factor: Real = Field(1.0, gt=0, le=1e6, description="Scale on the routed experts' output (DeepSeek: 2.5).")
+    aux_loss_coeff: Real = Field(0.0, ge=0, le=1e6, description="Load-balancing loss coefficient (router_aux_loss_coef).")
+    aux_loss_per_sequence: Flag = Field(False, description="Balance loss per sequence (DeepSeek seq_aux), not per batch.")
+    router_fp32: Flag = Field(False, description="Router logits computed in fp32 (DeepSeek-V3's gate).")
 
     @model_validator(mode="after")
     def _check(self) -> "MoESpec":
@@ -89,32 +93,32 @@ class ModelSpec(BaseModel):
 
     name: str = Field(..., min_length=1, description="Model name used in tables and exports.")
     source: str = Field("", description="Where the architecture numbers come from (paper, config.json).")
-    num_layers: int = Field(..., ge=1, description="Decoder layers (without MTP layers).")
-    hidden_size: int = Field(..., ge=1, description="Model width h.")
-    num_attention_heads: int = Field(..., ge=1, description="Query heads a.")
-    num_kv_heads: int | None = Field(None, ge=1, description="Key/value heads (GQA/MQA); None = num_attention_heads.")
-    head_dim: int | None = Field(None, ge=1, description="Per-head dim; None = hidden_size / num_attention_heads.")
-    ffn_hidden_size: int = Field(..., ge=1, description="Dense FFN intermediate size.")
-    vocab_size: int = Field(..., ge=1, description="Vocabulary size as stored in the embedding table.")
-    seq_length: int = Field(2048, ge=1, description="Default training sequence length.")
-    max_position_embeddings: int | None = Field(None, ge=1, description="Learned position table size; None = seq_length.")
+    num_layers: Count = Field(..., ge=1, le=MAX_LAYERS, description="Decoder layers (without MTP layers).")
+    hidden_size: Count = Field(..., ge=1, le=MAX_HIDDEN_SIZE, description="Model width h.")
+    num_attention_heads: Count = Field(..., ge=1, le=MAX_HEADS, description="Query heads a.")
+    num_kv_heads: Count | None = Field(None, ge=1, le=MAX_HEADS, description="Key/value heads (GQA/MQA); None = num_attention_heads.")
+    head_dim: Count | None = Field(None, ge=1, le=MAX_HIDDEN_SIZE, description="Per-head dim; None = hidden_size / num_attention_heads.")
+    ffn_hidden_size: Count = Field(..., ge=1, le=MAX_FFN_HIDDEN_SIZE, description="Dense FFN intermediate size.")
+    vocab_size: Count = Field(..., ge=1, le=MAX_VOCAB_SIZE, description="Vocabulary size as stored in the embedding table.")
+    seq_length: Count = Field(2048, ge=1, le=MAX_SEQ_LEN, description="Default training sequence length.")
+    max_position_embeddings: Count | None = Field(None, ge=1, le=MAX_SEQ_LEN, description="Learned position table size; None = seq_length.")
     activation: Literal["gelu", "swiglu"] = Field("swiglu", description="FFN activation: GeLU (2 matrices) or SwiGLU (3).")
     normalization: Literal["layernorm", "rmsnorm"] = Field("rmsnorm", description="LayerNorm has a bias, RMSNorm not.")
     position_embedding: Literal["learned", "rope"] = Field("rope", description="Learned absolute table or rotary.")
-    rope_theta: float = Field(10000.0, gt=0, description="RoPE base (HF rope_theta; Llama 3: 500000).")
+    rope_theta: Real = Field(10000.0, gt=0, le=1e12, description="RoPE base (HF rope_theta; Llama 3: 500000).")
     rope_scaling: RopeScaling | None = Field(None, description="RoPE long-context scaling; None = plain RoPE.")
-    rotary_percent: float = Field(1.0, gt=0, le=1, description="Share of the head dim that is rotated (Pythia 0.25).")
-    norm_epsilon: float = Field(1e-5, gt=0, description="Epsilon of every LayerNorm/RMSNorm (HF rms_norm_eps).")
-    sliding_window: int | None = Field(None, ge=1, description="Attention window in tokens (Mistral); None = full.")
-    tie_embeddings: bool = Field(False, description="Output head shares the input embedding matrix.")
-    qkv_bias: bool = Field(False, description="Bias on the q, k, v projections.")
-    attn_out_bias: bool = Field(False, description="Bias on the attention output projection.")
-    mlp_bias: bool = Field(False, description="Biases on the FFN projections.")
-    qk_norm: bool = Field(False, description="Per-head RMSNorm on q and k (Qwen3).")
-    dropout: bool = Field(False, description="Attention/hidden dropout active in training (saves masks).")
+    rotary_percent: Real = Field(1.0, gt=0, le=1, description="Share of the head dim that is rotated (Pythia 0.25).")
+    norm_epsilon: Real = Field(1e-5, gt=0, le=1, description="Epsilon of every LayerNorm/RMSNorm (HF rms_norm_eps).")
+    sliding_window: Count | None = Field(None, ge=1, le=MAX_SEQ_LEN, description="Attention window in tokens (Mistral); None = full.")
+    tie_embeddings: Flag = Field(False, description="Output head shares the input embedding matrix.")
+    qkv_bias: Flag = Field(False, description="Bias on the q, k, v projections.")
+    attn_out_bias: Flag = Field(False, description="Bias on the attention output projection.")
+    mlp_bias: Flag = Field(False, description="Biases on the FFN projections.")
+    qk_norm: Flag = Field(False, description="Per-head RMSNorm on q and k (Qwen3).")
+    dropout: Flag = Field(False, description="Attention/hidden dropout active in training (saves masks).")
     mla: MLASpec | None = Field(None, description="Multi-head latent attention; None = standard attention.")
     moe: MoESpec | None = Field(None, description="Mixture of experts; None = dense FFN everywhere.")
-    mtp_layers: int = Field(0, ge=0, description="Multi-token-prediction modules (DeepSeek-V3: 1).")
+    mtp_layers: Count = Field(0, ge=0, le=MAX_LAYERS, description="Multi-token-prediction modules (DeepSeek-V3: 1).")
 
     @model_validator(mode="after")
     def _check_shapes(self) -> "ModelSpec":

@@ -14,6 +14,8 @@ from typing import Literal
 from pydantic import BaseModel, ConfigDict, Field, model_validator
 
 from autopar.errors import InvalidPlanError
+from autopar.limits import MAX_GLOBAL_BATCH, MAX_GPUS, MAX_LAYERS, MAX_SEQ_LEN
+from autopar.schema.types import Count, Flag, Real
 
 PLAN_SCHEMA_VERSION = 1
 RECOMPUTE_MODULES = ("core_attn", "layernorm", "mlp", "moe", "moe_act", "shared_experts", "mla_up_proj")
@@ -33,7 +35,7 @@ class Recompute(BaseModel):
 
     mode: Literal["none", "selective", "full"] = Field("selective", description="none | selective | full.")
     modules: tuple[str, ...] = Field(("core_attn",), description="Modules recomputed under selective.")
-    num_layers: int | None = Field(None, ge=0, description="Full: layers per virtual stage recomputed; None = all.")
+    num_layers: Count | None = Field(None, ge=0, le=MAX_LAYERS, description="Full: layers per virtual stage recomputed; None = all.")
 
     @model_validator(mode="after")
     def _check(self) -> "Recompute":
@@ -55,37 +57,37 @@ class ParallelPlan(BaseModel):
 
     model_config = _FROZEN
 
-    tp: int = Field(1, ge=1, description="Tensor-parallel degree.")
-    pp: int = Field(1, ge=1, description="Pipeline-parallel degree.")
-    cp: int = Field(1, ge=1, description="Context-parallel degree (sequence split in attention).")
-    ep: int = Field(1, ge=1, description="Expert-parallel degree (MoE models).")
-    etp: int | None = Field(None, ge=1, description="Expert tensor-parallel degree; None = tp.")
-    vpp: int = Field(1, ge=1, description="Virtual stages per pipeline rank (interleaved 1F1B when > 1).")
-    mbs: int = Field(1, ge=1, description="Micro-batch size (sequences).")
-    global_batch: int = Field(..., ge=1, description="Global batch size (sequences).")
-    seq_len: int = Field(..., ge=1, description="Training sequence length (tokens).")
-    zero: int = Field(1, ge=0, le=3, description="ZeRO stage: 1 = Megatron distributed optimizer, 3 = FSDP full shard.")
-    zero_shard_size: int | None = Field(None, ge=1, description="Hybrid sharding group size; None = all of dp.")
-    sp: bool | None = Field(None, description="Sequence parallelism; None = on when tp > 1.")
+    tp: Count = Field(1, ge=1, le=MAX_GPUS, description="Tensor-parallel degree.")
+    pp: Count = Field(1, ge=1, le=MAX_GPUS, description="Pipeline-parallel degree.")
+    cp: Count = Field(1, ge=1, le=MAX_GPUS, description="Context-parallel degree (sequence split in attention).")
+    ep: Count = Field(1, ge=1, le=MAX_GPUS, description="Expert-parallel degree (MoE models).")
+    etp: Count | None = Field(None, ge=1, le=MAX_GPUS, description="Expert tensor-parallel degree; None = tp.")
+    vpp: Count = Field(1, ge=1, le=MAX_LAYERS, description="Virtual stages per pipeline rank (interleaved 1F1B when > 1).")
+    mbs: Count = Field(1, ge=1, le=MAX_GLOBAL_BATCH, description="Micro-batch size (sequences).")
+    global_batch: Count = Field(..., ge=1, le=MAX_GLOBAL_BATCH, description="Global batch size (sequences).")
+    seq_len: Count = Field(..., ge=1, le=MAX_SEQ_LEN, description="Training sequence length (tokens).")
+    zero: Count = Field(1, ge=0, le=3, description="ZeRO stage: 1 = Megatron distributed optimizer, 3 = FSDP full shard.")
+    zero_shard_size: Count | None = Field(None, ge=1, le=MAX_GPUS, description="Hybrid sharding group size; None = all of dp.")
+    sp: Flag | None = Field(None, description="Sequence parallelism; None = on when tp > 1.")
     recompute: Recompute = Field(default_factory=Recompute, description="Activation recomputation.")
     precision: Literal["bf16", "fp8"] = Field("bf16", description="Compute precision of the GEMMs.")
-    overlap_grad_reduce: bool = Field(True, description="Overlap DP gradient reduction with backward.")
-    overlap_param_gather: bool = Field(True, description="Overlap ZeRO parameter all-gather with compute; "
+    overlap_grad_reduce: Flag = Field(True, description="Overlap DP gradient reduction with backward.")
+    overlap_param_gather: Flag = Field(True, description="Overlap ZeRO parameter all-gather with compute; "
                                        "when not given, on exactly when parameters are gathered (zero >= 1).")
-    tp_comm_overlap: bool = Field(False, description="Overlap TP communication with GEMMs (needs sp).")
+    tp_comm_overlap: Flag = Field(False, description="Overlap TP communication with GEMMs (needs sp).")
     cp_comm_type: Literal["p2p", "a2a", "allgather"] = Field(
         "p2p", description="Context-parallel attention (Megatron --cp-comm-type): p2p ring with K/V exchange "
         "overlapped, a2a (Ulysses: heads scattered, needs kv heads / tp divisible by cp), allgather of K/V.")
     moe_dispatcher: Literal["alltoall", "allgather"] = Field(
         "alltoall", description="MoE token dispatcher (Megatron --moe-token-dispatcher-type).")
-    moe_load_imbalance: float = Field(
+    moe_load_imbalance: Real = Field(
         1.25, ge=1.0, description="Tokens on the busiest expert rank over the mean, for dropless routing. Default "
         "1.25: the capacity factor Switch Transformer recommends (Fedus et al. 2022 §2.2) as the load margin.")
-    moe_capacity_factor: float | None = Field(
+    moe_capacity_factor: Real | None = Field(
         None, gt=0, description="Expert capacity factor (Megatron --moe-expert-capacity-factor); None = dropless. "
         "Tokens beyond capacity are dropped, so the busiest rank carries min(imbalance, capacity factor).")
     framework: Literal["megatron", "deepspeed", "torchtitan"] = Field("megatron", description="Target framework.")
-    layers_per_stage: tuple[int, ...] | None = Field(
+    layers_per_stage: tuple[Count, ...] | None = Field(
         None, description="Decoder layers per virtual stage (pp·vpp entries, in execution order); None = "
         "even, with any remainder taken off the first and last stages (they hold embedding and head).")
 
@@ -95,7 +97,8 @@ class ParallelPlan(BaseModel):
         """Without a sharded optimizer there is no parameter all-gather to overlap, and Megatron
         refuses --overlap-param-gather without --use-distributed-optimizer."""
         if isinstance(data, dict) and data.get("overlap_param_gather") is None:
-            data = {**data, "overlap_param_gather": data.get("zero", 1) >= 1}
+            zero = data.get("zero", 1)
+            data = {**data, "overlap_param_gather": not isinstance(zero, int) or isinstance(zero, bool) or zero >= 1}
         return data
 
     @property

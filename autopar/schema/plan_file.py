@@ -11,11 +11,14 @@ from typing import Any, Literal
 
 from pydantic import BaseModel, ConfigDict, Field, ValidationError
 
+
 from autopar.errors import SchemaError
-from autopar.io import read_json_object
+from autopar.io import read_json_object, write_output
+from autopar.limits import MAX_GPUS
 from autopar.schema import one_line
 from autopar.schema.model import ModelSpec
 from autopar.schema.plan import PLAN_SCHEMA_VERSION, ParallelPlan
+from autopar.schema.types import Count
 
 _FROZEN = ConfigDict(frozen=True, extra="forbid")
 
@@ -28,7 +31,7 @@ class PlanTarget(BaseModel):
     model: str = Field(..., description="The model argument as the user gave it (preset name or path).")
     model_spec: ModelSpec = Field(..., description="The resolved architecture.")
     cluster: str = Field(..., description="The cluster profile name or path.")
-    gpus: int = Field(..., ge=1, description="Number of GPUs.")
+    gpus: Count = Field(..., ge=1, le=MAX_GPUS, description="Number of GPUs.")
     cost_model: str | None = Field(None, description="Cost model name or path; None = the cluster GPU's default.")
 
 
@@ -44,9 +47,14 @@ class PlanFile(BaseModel):
     estimate: dict[str, Any] = Field(default_factory=dict, description="`estimate --json` keys at planning time.")
 
 
-def write_plan_file(path: Path, plan_file: PlanFile) -> None:
-    """Write deterministically (sorted keys, fixed float repr) so equal plans give equal bytes."""
-    path.write_text(json.dumps(plan_file.model_dump(mode="json"), indent=2, sort_keys=True) + "\n", encoding="utf-8")
+def plan_file_text(plan_file: PlanFile) -> str:
+    """The file's text, deterministic (sorted keys, fixed float repr) so equal plans give equal bytes."""
+    return json.dumps(plan_file.model_dump(mode="json"), indent=2, sort_keys=True) + "\n"
+
+
+def write_plan_file(path: Path, plan_file: PlanFile, force: bool = True) -> None:
+    """Write atomically (autopar.io.write_output); an existing file is replaced only with `force`."""
+    write_output(path, plan_file_text(plan_file), force=force, what="plan file")
 
 
 def read_plan_file(path: str | Path) -> PlanFile:

@@ -17,6 +17,8 @@ from typing import Any
 
 from pydantic import BaseModel, ConfigDict, Field
 
+from autopar.schema.types import Count, Real
+
 _FROZEN = ConfigDict(frozen=True, extra="forbid")
 
 
@@ -25,11 +27,11 @@ class UserRun(BaseModel):
 
     model: str = Field(..., description="Preset name or model file.")
     cluster: str = Field(..., description="Cluster profile name or YAML.")
-    gpus: int = Field(..., ge=1)
-    seq_len: int = Field(..., ge=1)
-    global_batch: int = Field(..., ge=1)
+    gpus: Count = Field(..., ge=1)
+    seq_len: Count = Field(..., ge=1)
+    global_batch: Count = Field(..., ge=1)
     parallel: dict[str, Any] = Field(default_factory=dict, description="Plan axes (tp, pp, cp, ep, vpp, mbs, zero, sp, recompute, precision, framework).")
-    step_time_s: float = Field(..., gt=0, description="Measured step time in seconds.")
+    step_time_s: Real = Field(..., gt=0, description="Measured step time in seconds.")
     source: str = Field("", description="Where and how it was measured.")
 
 

@@ -309,7 +309,12 @@ def _nothing_fits_message(spec: SpaceSpec, pricer: Pricer, walk: _Walk, memory_m
             best = (short, key, plan)
     short, _, plan = best
     cap_gib = walk.capacity_bytes / GiB
-    fixes = [f"use more GPUs (e.g. {2 * spec.num_gpus})", "a shorter sequence or smaller global batch"]
+    fixed = pricer.p.cuda_context_bytes + pricer.p.comm_buffer_bytes
+    need = min_gpus_for_memory(spec.num_gpus, walk.capacity_bytes + short, walk.capacity_bytes, fixed,
+                               spec.gpus_per_node)
+    more = (f"use more GPUs: at least {need:,} (memory per GPU falls at best in proportion to the GPU count)" if need else
+            "a GPU with more memory (the per-GPU buffers alone exceed the usable memory)")
+    fixes = [more, "a shorter sequence or smaller global batch"]
     if plan.recompute.mode != "full" or plan.recompute.num_layers is not None:
         fixes.append("full recompute (fix recompute=full)")
     higher = [z for z in FRAMEWORK_ZERO_STAGES[spec.framework] if z > plan.zero]
@@ -321,3 +326,21 @@ def _nothing_fits_message(spec: SpaceSpec, pricer: Pricer, walk: _Walk, memory_m
             f"of HBM kept free), the closest plan ({plan.layout()}, mbs {plan.mbs}, recompute "
             f"{plan.recompute.label()}, zero {plan.zero}) is {short / GiB:.1f} GiB over; "
             + ", ".join(f for f in fixes if f))
+
+
+def min_gpus_for_memory(num_gpus: int, peak_bytes: float, capacity_bytes: float, fixed_bytes: float,
+                        gpus_per_node: int) -> int | None:
+    """The fewest GPUs on which a plan whose peak on `num_gpus` GPUs is `peak_bytes` could fit, or
+    None when even infinitely many cannot (the per-GPU fixed buffers exceed the capacity).
+
+    Peak = allocated·(1 + fragmentation) + fixed buffers (cost.memory.with_overheads); model states
+    and activations shard at best as 1/GPU count (ZeRO over dp, tp, pp, cp), so k-fold GPUs need
+    (peak − fixed)/k + fixed ≤ capacity: k ≥ (peak − fixed)/(capacity − fixed). Fewer GPUs cannot
+    fit; the count is rounded up to whole nodes (or one partial node)."""
+    if capacity_bytes <= fixed_bytes:
+        return None
+    k = max(1.0, (peak_bytes - fixed_bytes) / (capacity_bytes - fixed_bytes))
+    need = math.ceil(num_gpus * k - 1e-9)
+    if need <= gpus_per_node:
+        return max(need, num_gpus + 1) if peak_bytes > capacity_bytes else need
+    return -(-need // gpus_per_node) * gpus_per_node

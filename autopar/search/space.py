@@ -27,6 +27,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from autopar.errors import InvalidPlanError, NoFeasiblePlanError
+from autopar.limits import MAX_EXPERTS, MAX_GLOBAL_BATCH, MAX_GPUS, MAX_HEADS, MAX_SEQ_LEN, clip
 from autopar.schema.plan import FRAMEWORK_ZERO_STAGES, ParallelPlan, Recompute, plan_violations
 
 AXES = ("tp", "pp", "dp", "cp", "ep", "etp", "vpp", "mbs", "zero", "sp", "recompute")
@@ -40,6 +41,11 @@ RECOMPUTE_CHOICES = {
 # exchange dominates, so such cp are not generated (a pinned cp is still tried).
 MIN_TOKENS_PER_CP_RANK = 1024
 DEFAULT_MEMORY_MARGIN = 0.1  # fraction of HBM kept free for what no model sees (allocator spikes, NCCL growth)
+# A space with more raw plans than this is refused before any plan is built (count_raw_candidates), so
+# a search's time and memory are bounded by construction. About twice the largest realistic space:
+# DeepSeek-V3 on 2,048 H800 at its published global batch of 15,360 sequences has 130,752.
+MAX_RAW_CANDIDATES = 250_000
+_MAX_DIVISOR_INPUT = max(MAX_GPUS, MAX_GLOBAL_BATCH, MAX_SEQ_LEN, MAX_EXPERTS, MAX_HEADS)
 
 
 @dataclass(frozen=True)
@@ -90,7 +96,10 @@ def normalize_fix(fix: dict[str, Any]) -> dict[str, Any]:
 
 
 def divisors(n: int) -> list[int]:
-    """Positive divisors of n, ascending."""
+    """Positive divisors of n, ascending. n is capped (autopar.limits) so the loop to √n is bounded."""
+    if not 1 <= n <= _MAX_DIVISOR_INPUT:
+        raise InvalidPlanError(f"{clip(n)} is outside 1..{_MAX_DIVISOR_INPUT:,}; use a smaller GPU count, batch or "
+                               "sequence length")
     small = [d for d in range(1, math.isqrt(n) + 1) if n % d == 0]
     return sorted(set(small + [n // d for d in small]))
 
@@ -204,6 +213,19 @@ def framework_split(spec: SpaceSpec, pp: int, vpp: int) -> tuple[int, ...] | Non
     return counts if counts is not None and counts != stage_layer_counts(spec.num_layers, pp * vpp) else None
 
 
+def count_raw_candidates(spec: SpaceSpec) -> int:
+    """len(list(raw_candidates(spec))) without building a plan: the same loops, multiplied out over
+    the axes that do not depend on the micro batch."""
+    per_rest = len(zero_options(spec)) * len(recompute_options(spec))
+    total = 0
+    for tp, pp, cp, dp in model_parallel_degrees(spec):
+        experts = sum(len(etp_options(spec, tp)) for _ in ep_options(spec, tp, pp)) * len(sp_options(spec, tp))
+        for mbs in mbs_options(spec, dp):
+            m = spec.global_batch // (dp * mbs) if dp * mbs else 0
+            total += len(vpp_options(spec, pp, m)) * experts * per_rest
+    return total
+
+
 # How each framework exchanges K/V under context parallelism: Megatron's ring (p2p) by default,
 # torchtitan all-gathers K/V (torch's context_parallel), DeepSpeed has no CP.
 _CP_COMM_TYPE = {"megatron": "p2p", "deepspeed": "p2p", "torchtitan": "allgather"}
@@ -214,6 +236,11 @@ def candidates(spec: SpaceSpec) -> list[ParallelPlan]:
     `fix`: it quotes the validator on a pinned combination) or NoFeasiblePlanError (without)."""
     out, first_problem = [], None
     kwargs = spec.validator_kwargs()
+    count = count_raw_candidates(spec)
+    if count > MAX_RAW_CANDIDATES:
+        raise InvalidPlanError(f"the search space has {count:,} candidate plans on {spec.num_gpus:,} GPUs, over the "
+                               f"{MAX_RAW_CANDIDATES:,} a search takes; pin axes with --fix (e.g. mbs=1,vpp=1) or "
+                               "lower --max-tp, the GPU count or the global batch")
     for plan in raw_candidates(spec):
         problems = plan_problems(spec, plan, kwargs)
         if problems:

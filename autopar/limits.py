@@ -1,0 +1,84 @@
+"""Input limits, checked before any work, and the clipping of echoed values in messages.
+
+Each limit is far above anything trained today and low enough that every search and every
+graph build stays bounded in time and memory by construction:
+
+  MAX_GPUS            2**20 GPUs; the largest published runs use about 10**5 (Llama 3 405B:
+                      16,384 H100, Dubey et al. 2024). Divisor generators loop to √n ≤ 1,024.
+  MAX_LAYERS          4,096 decoder layers (published models: ≤ 128, Megatron-LM 1T).
+  MAX_HIDDEN_SIZE     2**17 (published: ≤ 25,600 for the 1T model of Narayanan et al. 2021).
+  MAX_FFN_HIDDEN_SIZE 2**20, MAX_VOCAB_SIZE 2**24, MAX_EXPERTS 2**14, MAX_HEADS 2**14.
+  MAX_SEQ_LEN         2**24 tokens (published long-context training: ≤ 10**6).
+  MAX_GLOBAL_BATCH    2**20 sequences (BERT-LAMB's 65,536 is among the largest used).
+  MAX_INPUT_FILE_BYTES  a model, cluster, plan, cost-model, runs or launch file above 4 MiB is
+                      refused before it is read (shipped files are under 0.1 MiB).
+  MAX_NAME_CHARS      a model or cluster name or path: 1,024 characters, every path part at
+                      most 255 bytes (Linux NAME_MAX).
+  (The search space's own cap, MAX_RAW_CANDIDATES, lives in autopar.search.space.)
+"""
+
+from __future__ import annotations
+
+import math
+import operator
+from typing import Any
+
+from autopar.errors import SchemaError
+
+MAX_GPUS = 2**20
+MAX_LAYERS = 4096
+MAX_HIDDEN_SIZE = 2**17
+MAX_FFN_HIDDEN_SIZE = 2**20
+MAX_HEADS = 2**14
+MAX_EXPERTS = 2**14
+MAX_VOCAB_SIZE = 2**24
+MAX_SEQ_LEN = 2**24
+MAX_GLOBAL_BATCH = 2**20
+MAX_INPUT_FILE_BYTES = 4 * 2**20
+MAX_NAME_CHARS = 1024
+MAX_PATH_PART_BYTES = 255
+MAX_ECHO_CHARS = 80
+
+
+def clip(value: Any, limit: int = MAX_ECHO_CHARS) -> str:
+    """str(value) cut to at most `limit` characters (head and tail kept, '…' between)."""
+    text = value if isinstance(value, str) else str(value)
+    if len(text) <= limit:
+        return text
+    head = (limit - 1) // 2
+    return text[:head] + "…" + text[len(text) - (limit - 1 - head):]
+
+
+def clip_repr(value: Any, limit: int = MAX_ECHO_CHARS) -> str:
+    """repr(value) cut to at most `limit` characters."""
+    return clip(repr(value), limit)
+
+
+def whole_number(value: Any, name: str, low: int, high: int, fix: str = "") -> int:
+    """`value` as an int in [low, high]; SchemaError (naming `name` and the range) for a bool, a
+    float, a string, a non-finite or an out-of-range number."""
+    if isinstance(value, bool) or isinstance(value, float) and not math.isfinite(value):
+        raise SchemaError(f"{name} {clip_repr(value)} is not a whole number; use one from {low:,} to {high:,}"
+                          + (f" ({fix})" if fix else ""))
+    try:
+        number = operator.index(value)
+    except TypeError:
+        raise SchemaError(f"{name} {clip_repr(value)} is not a whole number; use one from {low:,} to {high:,}"
+                          + (f" ({fix})" if fix else "")) from None
+    if not low <= number <= high:
+        raise SchemaError(f"{name} {clip(number)} is out of range; use one from {low:,} to {high:,}"
+                          + (f" ({fix})" if fix else ""))
+    return number
+
+
+def check_name(text: str, what: str) -> None:
+    """Refuse a name or path the file system cannot hold (too long overall or in one part)."""
+    if len(text) > MAX_NAME_CHARS:
+        raise SchemaError(f"{what} {clip_repr(text)} is {len(text):,} characters long; names and paths are limited "
+                          f"to {MAX_NAME_CHARS:,}, pass a shorter one")
+    for part in text.replace("\\", "/").split("/"):
+        if len(part.encode("utf-8", "surrogateescape")) > MAX_PATH_PART_BYTES:
+            raise SchemaError(f"{what} {clip_repr(text)} has a name part longer than {MAX_PATH_PART_BYTES} bytes, "
+                              "which no file system holds; pass a shorter name")
+    if "\0" in text:
+        raise SchemaError(f"{what} {clip_repr(text)} contains a NUL character; pass a plain name or path")
