@@ -43,8 +43,9 @@ MIN_TOKENS_PER_CP_RANK = 1024
 DEFAULT_MEMORY_MARGIN = 0.1  # fraction of HBM kept free for what no model sees (allocator spikes, NCCL growth)
 # A space with more raw plans than this is refused before any plan is built (count_raw_candidates), so
 # a search's time and memory are bounded by construction. About twice the largest realistic space:
-# DeepSeek-V3 on 2,048 H800 at its published global batch of 15,360 sequences has 130,752.
-MAX_RAW_CANDIDATES = 250_000
+# DeepSeek-V3 on 2,048 H800 at its published global batch of 15,360 sequences has 261,504 (ZeRO
+# 0-3 under Megatron, with Megatron-FSDP).
+MAX_RAW_CANDIDATES = 500_000
 _MAX_DIVISOR_INPUT = max(MAX_GPUS, MAX_GLOBAL_BATCH, MAX_SEQ_LEN, MAX_EXPERTS, MAX_HEADS)
 
 
