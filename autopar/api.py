@@ -7,19 +7,20 @@ messages.
 
 from __future__ import annotations
 
-from dataclasses import asdict
 from typing import Any
 
 from pydantic import ValidationError
 
+from autopar.cost.layout import check_layout
 from autopar.cost.memory import model_state_bytes
-from autopar.cost.params import CostParams, cost_model_for_gpu, load_cost_model
-from autopar.cost.step import Estimate, estimate
+from autopar.cost.step import DEFAULT_MEMORY_MARGIN, Estimate, estimate
 from autopar.errors import InvalidPlanError
-from autopar.hardware import Cluster, list_clusters, load_cluster, load_profile
-from autopar.model import PRESET_NAMES, ModelGraph, load_model  # noqa: F401 (load_model re-exported)
+from autopar.hardware import Cluster, list_clusters, load_profile
+from autopar.inputs import load_cluster, load_model, load_target_model, resolve_cost_model  # noqa: F401 (re-exported)
+from autopar.model import PRESET_NAMES, ModelGraph
+from autopar.report.records import estimate_to_dict, plan_entry, plan_to_dict  # noqa: F401 (re-exported)
 from autopar.schema import one_line
-from autopar.schema.plan import ParallelPlan, check_plan
+from autopar.schema.plan import Framework, ParallelPlan, Precision, default_zero, parse_assignments
 
 
 def models() -> list[dict[str, Any]]:
@@ -46,7 +47,8 @@ def clusters() -> list[dict[str, Any]]:
     return out
 
 
-def inspect(model: str, seq_len: int | None = None, dp: int = 1, framework: str = "megatron") -> dict[str, Any]:
+def inspect(model: str, seq_len: int | None = None, dp: int = 1, framework: Framework = Framework.MEGATRON
+            ) -> dict[str, Any]:
     """Parameters, FLOPs per token, model-state bytes per GPU by ZeRO stage, activation bytes per token."""
     g = load_model(model)
     s = seq_len or g.spec.seq_length
@@ -68,7 +70,7 @@ def inspect(model: str, seq_len: int | None = None, dp: int = 1, framework: str 
                           "activation_bytes_per_token_by_tensor": acts})
     zero = {}
     for stage in (0, 1, 2, 3):
-        fw = "deepspeed" if framework == "megatron" and stage > 1 else framework
+        fw = Framework.DEEPSPEED if framework == Framework.MEGATRON and stage > 1 else framework
         zero[str(stage)] = sum(model_state_bytes(g.total_params, fw, stage, dp).values())
     return {
         "model": g.spec.name, "source": g.spec.source, "seq_len": s,
@@ -91,88 +93,21 @@ def make_plan(**fields: Any) -> ParallelPlan:
         raise InvalidPlanError(one_line(exc, "invalid plan"))
 
 
-def resolve_cost_model(cluster: Cluster, cost_model: str | None) -> CostParams:
-    if cost_model:
-        return load_cost_model(cost_model)[1]
-    return cost_model_for_gpu(cluster.gpu_name)[1]
-
-
 def validate_plan_for(graph: ModelGraph, cluster: Cluster, plan: ParallelPlan) -> None:
-    """Raise InvalidPlanError naming every broken invariant."""
-    check_plan(plan, num_gpus=cluster.num_gpus, num_layers=graph.spec.num_layers,
-               num_heads=graph.spec.num_attention_heads, num_kv_heads=graph.spec.kv_heads,
-               num_experts=graph.spec.moe.num_experts if graph.spec.moe else 0,
-               gpus_per_node=cluster.gpus_per_node)
+    """Raise InvalidPlanError naming every broken invariant (autopar.cost.layout.check_layout)."""
+    check_layout(plan, cluster, graph)
 
 
 def estimate_plan(model: str, cluster: str, gpus: int, plan: ParallelPlan, cost_model: str | None = None,
-                  memory_margin: float = 0.0) -> Estimate:
-    """Validate and score one plan."""
+                  memory_margin: float = DEFAULT_MEMORY_MARGIN) -> Estimate:
+    """Validate and score one plan; it fits when its peak is within HBM · (1 − memory_margin)."""
     g = load_model(model)
     c = load_cluster(cluster, gpus)
-    validate_plan_for(g, c, plan)
+    check_layout(plan, c, g)
     return estimate(g, c, plan, resolve_cost_model(c, cost_model), memory_margin)
 
 
-def estimate_to_dict(e: Estimate) -> dict[str, Any]:
-    """The stable JSON shape of an estimate (documented in README)."""
-    return {
-        "step_time_s": e.step_time_s, "tokens_per_s": e.tokens_per_s, "tokens_per_s_per_gpu": e.tokens_per_s_per_gpu,
-        "model_tflops_per_gpu": e.model_tflops_per_gpu, "hardware_tflops_per_gpu": e.hardware_tflops_per_gpu,
-        "mfu": e.mfu, "peak_memory_bytes": e.peak_memory_bytes, "memory_capacity_bytes": e.memory_capacity_bytes,
-        "fits": e.fits, "num_microbatches": e.num_microbatches, "dp": e.dp,
-        "bubble_fraction": e.bubble_fraction, "exposed_comm_fraction": e.exposed_comm_fraction,
-        "time_breakdown_s": dict(e.time_breakdown_s), "memory_breakdown_bytes": dict(e.memory_breakdown_bytes),
-        "stages": [asdict(s) for s in e.stages], "notes": list(e.notes),
-    }
-
-
-def plan_to_dict(plan: ParallelPlan, num_gpus: int) -> dict[str, Any]:
-    """The plan's axes under the names the CLI uses (dp derived)."""
-    d = plan.model_dump(mode="json")
-    d["dp"] = plan.dp_for(num_gpus)
-    d["etp"] = plan.expert_tp
-    d["sp"] = plan.sequence_parallel
-    d["schedule"] = plan.schedule
-    return d
-
-
 # --------------------------------------------------------------------------- plan and compare
-
-_INT_AXES = ("tp", "pp", "dp", "cp", "ep", "etp", "vpp", "mbs", "zero")
-
-
-def parse_assignments(text: str, what: str = "--fix") -> dict[str, Any]:
-    """'tp=8,pp=16,mbs=1,recompute=full,sp=on' -> typed dict, with one-line errors. An axis given
-    twice is refused (not "the last wins")."""
-    from autopar.limits import MAX_GLOBAL_BATCH, MAX_GPUS, MAX_LAYERS, clip, clip_repr
-
-    out: dict[str, Any] = {}
-    for part in filter(None, (x.strip() for x in text.split(","))):
-        key, sep, value = part.partition("=")
-        key, value = key.strip(), value.strip()
-        if not sep or not value:
-            raise InvalidPlanError(f"{what} entry {clip_repr(part)} must look like axis=value, e.g. tp=8")
-        if key in out:
-            raise InvalidPlanError(f"{what} gives {clip(key)} twice; give each axis once")
-        if key in _INT_AXES:
-            if not (value.isascii() and value.isdigit()):
-                raise InvalidPlanError(f"{what} {key}={clip_repr(value)}: the value must be a whole number")
-            lowest = 0 if key == "zero" else 1
-            highest = {"zero": 3, "vpp": MAX_LAYERS, "mbs": MAX_GLOBAL_BATCH}.get(key, MAX_GPUS)
-            if not lowest <= int(value) <= highest:
-                raise InvalidPlanError(f"{what} {key}={clip(value)}: {key} must be from {lowest} to {highest:,}")
-            out[key] = int(value)
-        elif key == "sp":
-            if value.lower() not in ("on", "off", "true", "false", "1", "0"):
-                raise InvalidPlanError(f"{what} sp={clip_repr(value)}: use sp=on or sp=off")
-            out[key] = value.lower() in ("on", "true", "1")
-        elif key == "recompute":
-            out[key] = value
-        else:
-            raise InvalidPlanError(f"{what} names unknown axis {clip_repr(key)}; axes are {', '.join(_INT_AXES)}, sp, "
-                                   "recompute")
-    return out
 
 
 def plan_from_assignments(text: str, gpus: int, global_batch: int, seq_len: int, **defaults: Any) -> ParallelPlan:
@@ -191,11 +126,11 @@ def plan_from_assignments(text: str, gpus: int, global_batch: int, seq_len: int,
 
 
 def search_plans(model: str, cluster: str, gpus: int, seq_len: int | None, global_batch: int, *, top: int = 5,
-                 framework: str = "megatron", fix: str | None = None, max_tp: int | None = None,
-                 memory_margin: float | None = None, precision: str = "bf16", cost_model: str | None = None,
-                 progress=None):
+                 framework: Framework = Framework.MEGATRON, fix: str | None = None, max_tp: int | None = None,
+                 memory_margin: float | None = None, precision: Precision = Precision.BF16,
+                 cost_model: str | None = None, progress=None):
     """Run the search (autopar.search.search) with CLI-shaped arguments."""
-    from autopar.search import DEFAULT_MEMORY_MARGIN, search
+    from autopar.search import search
 
     seq = seq_len or load_model(model).spec.seq_length
     return search(model, cluster, gpus, seq, global_batch, top=top, framework=framework,
@@ -215,41 +150,24 @@ def plan_file_for(model: str, cluster: str, gpus: int, plan: ParallelPlan, est: 
     return PlanFile(autopar_version=__version__, target=target, parallel=plan, estimate=estimate_to_dict(est))
 
 
-def plan_entry(plan: ParallelPlan, est: Estimate, gpus: int) -> dict[str, Any]:
-    """One element of `plan --json` / `compare --json`: {"parallel": ..., "estimate": ...}."""
-    return {"parallel": plan_to_dict(plan, gpus), "estimate": estimate_to_dict(est)}
-
-
-def score_plan_file(path: str, cost_model: str | None = None) -> tuple[Any, ParallelPlan, Estimate]:
+def score_plan_file(path: str, cost_model: str | None = None, memory_margin: float = DEFAULT_MEMORY_MARGIN
+                    ) -> tuple[Any, ParallelPlan, Estimate]:
     """Re-score a plan JSON under the current cost model."""
     from autopar.schema.plan_file import read_plan_file
 
     pf = read_plan_file(path)
     t = pf.target
-    g = load_model(t.model) if _model_available(t.model) else _graph_from_spec(t.model_spec)
+    g = load_target_model(t.model, t.model_spec)
     c = load_cluster(t.cluster, t.gpus)
-    validate_plan_for(g, c, pf.parallel)
-    return pf, pf.parallel, estimate(g, c, pf.parallel, resolve_cost_model(c, cost_model or t.cost_model))
-
-
-def _model_available(model: str) -> bool:
-    from pathlib import Path
-
-    try:
-        return model in PRESET_NAMES or Path(model).expanduser().exists()
-    except (OSError, ValueError):  # a name no file system holds (too long, a NUL): use the stored spec
-        return False
-
-
-def _graph_from_spec(spec):
-    from autopar.model import build_graph
-
-    return build_graph(spec)
+    check_layout(pf.parallel, c, g)
+    return pf, pf.parallel, estimate(g, c, pf.parallel, resolve_cost_model(c, cost_model or t.cost_model),
+                                     memory_margin)
 
 
 def compare_plans(plan_files: list[str], plan_strings: list[str], *, model: str | None = None,
                   cluster: str | None = None, gpus: int | None = None, global_batch: int | None = None,
-                  seq_len: int | None = None, framework: str = "megatron", cost_model: str | None = None,
+                  seq_len: int | None = None, framework: Framework = Framework.MEGATRON, cost_model: str | None = None,
+                  memory_margin: float = DEFAULT_MEMORY_MARGIN,
                   from_megatron: list[str] = (), from_deepspeed: list[str] = ()
                   ) -> tuple[list[tuple[str, ParallelPlan, Estimate]], int]:
     """Score plan files and --plan strings for one model and cluster, in input order."""
@@ -260,7 +178,7 @@ def compare_plans(plan_files: list[str], plan_strings: list[str], *, model: str 
                           "--from-megatron or --from-deepspeed")
     entries = []
     for path in plan_files:
-        pf, plan, est = score_plan_file(path, cost_model)
+        pf, plan, est = score_plan_file(path, cost_model, memory_margin)
         t = pf.target
         model, cluster, gpus = model or t.model, cluster or t.cluster, gpus or t.gpus
         global_batch, seq_len = global_batch or plan.global_batch, seq_len or plan.seq_len
@@ -276,7 +194,7 @@ def compare_plans(plan_files: list[str], plan_strings: list[str], *, model: str 
         for meg, ds in imports:
             plan = imported_plan(meg, ds, gpus, seq_len, model)
             label = "megatron: " + (meg if len(meg) < 40 else meg[:37] + "...") if meg else f"deepspeed: {ds}"
-            entries.append((label, plan, estimate_plan(model, cluster, gpus, plan, cost_model)))
+            entries.append((label, plan, estimate_plan(model, cluster, gpus, plan, cost_model, memory_margin)))
     if plan_strings:
         missing = [name for name, v in (("--model", model), ("--cluster", cluster), ("--gpus", gpus),
                                         ("--global-batch", global_batch)) if v is None]
@@ -285,8 +203,8 @@ def compare_plans(plan_files: list[str], plan_strings: list[str], *, model: str 
         seq = seq_len or load_model(model).spec.seq_length
         for text in plan_strings:
             plan = plan_from_assignments(text, gpus, global_batch, seq, framework=framework,
-                                         zero=3 if framework == "torchtitan" else 1)
-            entries.append((text, plan, estimate_plan(model, cluster, gpus, plan, cost_model)))
+                                         zero=default_zero(framework))
+            entries.append((text, plan, estimate_plan(model, cluster, gpus, plan, cost_model, memory_margin)))
     return entries, gpus
 
 
@@ -336,7 +254,7 @@ def output_paths(file_names: list[str], out: str) -> list[str]:
 
 
 def imported_plan(from_megatron: str | None, from_deepspeed: str | None, gpus: int, seq_len: int | None,
-                  model: str, framework_default: str = "megatron") -> ParallelPlan:
+                  model: str, framework_default: Framework = Framework.MEGATRON) -> ParallelPlan:
     """The plan of an existing Megatron command/script or DeepSpeed config. A Megatron script whose
     model (layers, hidden size, heads) is not `model` is refused."""
     from autopar.errors import SchemaError

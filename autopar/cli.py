@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import json
 import sys
+from enum import Enum
 from typing import Annotated, Any, Callable, Optional
 
 import typer
@@ -16,9 +17,11 @@ from rich.text import Text
 from typer.core import TyperGroup
 
 from autopar import api
+from autopar.cost.step import DEFAULT_MEMORY_MARGIN
 from autopar.errors import AutoparError
 from autopar.limits import MAX_GLOBAL_BATCH, MAX_GPUS, MAX_LAYERS, MAX_SEQ_LEN, clip
-from autopar.report import tables
+from autopar.report import records, tables
+from autopar.schema.plan import Framework, Precision, RecomputeMode, default_zero
 
 MAX_MESSAGE_CHARS = 1000  # an error line longer than this is cut (every echoed value is already ≤ 80)
 # The Click that Typer runs on: Typer >= 0.20 vendors it as typer._click, older Typer imports click.
@@ -89,6 +92,29 @@ JsonOpt = Annotated[bool, typer.Option("--json", help="Print machine-readable JS
 CostModelOpt = Annotated[Optional[str], typer.Option("--cost-model", help="A shipped cost model name or a cost-model JSON file; default: the one for the cluster's GPU.")]
 
 
+def _choice(choices: type[Enum] | tuple[str, ...], option: str) -> Callable[[Any], Any]:
+    """An option callback: the value as the enum member (or the string), or one line on stderr and
+    exit code 2 naming the choices. The one check of every fixed-choice option."""
+    names = tuple(c.value for c in choices) if isinstance(choices, type) else choices
+
+    def check(value: Any) -> Any:
+        if value is None:
+            return None
+        if value not in names:
+            fail(f"{option} {clip(repr(value))} is not one of {', '.join(names)}; pick one of them")
+        return choices(value) if isinstance(choices, type) else value
+
+    return check
+
+
+_FW_HELP = "Target framework whose memory layout, limits and launch format apply: megatron, deepspeed or torchtitan."
+FrameworkOpt = Annotated[str, typer.Option("--framework", help=_FW_HELP, callback=_choice(Framework, "--framework"))]
+PrecisionOpt = Annotated[str, typer.Option("--precision", help="bf16 or fp8 (your choice; not searched).", callback=_choice(Precision, "--precision"))]
+RecomputeOpt = Annotated[str, typer.Option("--recompute", help="Activation recomputation: none, selective or full.", callback=_choice(RecomputeMode, "--recompute"))]
+FormatOpt = Annotated[str, typer.Option("--format", "-f", help="megatron (launch script), deepspeed (ds_config.json + launcher) or torchtitan (launch command).", callback=_choice(Framework, "--format"))]
+MarginOpt = Annotated[float, typer.Option("--memory-margin", min=0.0, max=0.9, callback=_finite_margin, help=f"Fraction of HBM kept free when judging whether a plan fits; default {DEFAULT_MEMORY_MARGIN:g} (allocator spikes, NCCL growth). plan, estimate, compare, explain and sweep share it.")]
+
+
 def _run(fn: Callable[[], Any]) -> Any:
     """Call fn; map domain errors to one line and exit code 2."""
     from pydantic import ValidationError
@@ -145,21 +171,15 @@ def inspect(
     model: ModelArg,
     seq_len: SeqOpt = None,
     dp: Annotated[int, typer.Option("--dp", min=1, max=MAX_GPUS, help="Data-parallel degree used to shard model states under ZeRO.")] = 1,
-    framework: Annotated[str, typer.Option("--framework", help="Whose byte counts to use for model states: megatron, deepspeed or torchtitan.")] = "megatron",
+    framework: FrameworkOpt = Framework.MEGATRON.value,
     as_json: JsonOpt = False,
 ) -> None:
     """Show a model's parameters, FLOPs per token, model-state memory by ZeRO stage and activations."""
-    _check_choice(framework, ("megatron", "deepspeed", "torchtitan"), "--framework")
     info = _run(lambda: api.inspect(model, seq_len, dp, framework))
     if as_json:
         _emit_json(info)
     else:
         tables.print_inspect(out, info)
-
-
-def _check_choice(value: str, choices: tuple[str, ...], option: str) -> None:
-    if value not in choices:
-        fail(f"{option} {clip(repr(value))} is not one of {', '.join(choices)}; pick one of them")
 
 
 # What an imported config decides, so an option beside --from-megatron/--from-deepspeed would be ignored.
@@ -175,9 +195,6 @@ def _refuse_ignored_layout(ctx: typer.Context, source: str) -> None:
     if given:
         names = ", ".join(p.opts[0] for p in given)
         fail(f"{source} sets the layout, so {names} would be ignored; drop {names}, or edit the imported config")
-
-
-RecomputeOpt = Annotated[str, typer.Option("--recompute", help="Activation recomputation: none, selective or full.")]
 
 
 @app.command()
@@ -199,20 +216,17 @@ def estimate(
     mbs: Annotated[int, typer.Option("--mbs", min=1, max=MAX_GLOBAL_BATCH, help="Micro-batch size in sequences.")] = 1,
     zero: Annotated[Optional[int], typer.Option("--zero", min=0, max=3, help="ZeRO stage 0-3; default: 1 (Megatron distributed optimizer), 3 for torchtitan.")] = None,
     sp: Annotated[Optional[bool], typer.Option("--sp/--no-sp", help="Sequence parallelism; default: on when tp > 1.")] = None,
-    recompute: RecomputeOpt = "selective",
+    recompute: RecomputeOpt = RecomputeMode.SELECTIVE.value,
     recompute_layers: Annotated[Optional[int], typer.Option("--recompute-layers", min=0, max=MAX_LAYERS, help="With --recompute full: layers per virtual stage recomputed; default: all.")] = None,
     recompute_modules: Annotated[str, typer.Option("--recompute-modules", help="With --recompute selective: comma-separated modules (core_attn, mlp, layernorm, moe, moe_act, shared_experts, mla_up_proj).")] = "core_attn",
-    precision: Annotated[str, typer.Option("--precision", help="bf16 or fp8.")] = "bf16",
-    framework: Annotated[str, typer.Option("--framework", help="megatron, deepspeed or torchtitan: whose memory layout and limits apply.")] = "megatron",
+    precision: PrecisionOpt = Precision.BF16.value,
+    framework: FrameworkOpt = Framework.MEGATRON.value,
     tp_comm_overlap: Annotated[bool, typer.Option("--tp-comm-overlap/--no-tp-comm-overlap", help="Overlap TP communication with GEMMs (needs sp).")] = False,
-    memory_margin: Annotated[float, typer.Option("--memory-margin", min=0.0, max=0.9, callback=_finite_margin, help="Fraction of HBM kept free when deciding whether the plan fits.")] = 0.0,
+    memory_margin: MarginOpt = DEFAULT_MEMORY_MARGIN,
     cost_model: CostModelOpt = None,
     as_json: JsonOpt = False,
 ) -> None:
     """Predict step time, throughput, MFU and per-stage memory of one plan."""
-    _check_choice(recompute, ("none", "selective", "full"), "--recompute")
-    _check_choice(precision, ("bf16", "fp8"), "--precision")
-    _check_choice(framework, ("megatron", "deepspeed", "torchtitan"), "--framework")
     if from_megatron or from_deepspeed:
         _refuse_ignored_layout(ctx, "--from-megatron" if from_megatron else "--from-deepspeed")
 
@@ -225,7 +239,7 @@ def estimate(
         seq = seq_len or api.load_model(model).spec.seq_length
         plan = api.make_plan(
             tp=tp, pp=pp, cp=cp, ep=ep, etp=etp, vpp=vpp, mbs=mbs, global_batch=global_batch, seq_len=seq,
-            zero=zero if zero is not None else (3 if framework == "torchtitan" else 1), sp=sp,
+            zero=zero if zero is not None else default_zero(framework), sp=sp,
             recompute={"mode": recompute, "modules": tuple(m for m in recompute_modules.split(",") if m),
                        "num_layers": recompute_layers},
             precision=precision, framework=framework, tp_comm_overlap=tp_comm_overlap)
@@ -233,21 +247,20 @@ def estimate(
 
     plan, est = _run(run)
     if as_json:
-        _emit_json({"parallel": api.plan_to_dict(plan, gpus), **api.estimate_to_dict(est)})
+        _emit_json({"parallel": records.plan_to_dict(plan, gpus), **records.estimate_to_dict(est)})
     else:
         tables.print_estimate(out, plan, est)
 
 
 @app.command()
 def validate(
-    split: Annotated[str, typer.Option("--split", help="Which runs to score: holdout (not used in fitting), fit, or all.")] = "holdout",
+    split: Annotated[str, typer.Option("--split", help="Which runs to score: holdout (not used in fitting), fit, or all.", callback=_choice(("holdout", "fit", "all"), "--split"))] = "holdout",
     source: Annotated[Optional[list[str]], typer.Option("--source", help="Only this data source (repeatable), e.g. vtrain-multi, narayanan21.")] = None,
     cost_model: CostModelOpt = None,
     summary_only: Annotated[bool, typer.Option("--summary-only", help="Print only the error summaries, not every run.")] = False,
     as_json: JsonOpt = False,
 ) -> None:
     """Compare predicted with measured tokens/s/GPU on the shipped measured runs."""
-    _check_choice(split, ("holdout", "fit", "all"), "--split")
     from autopar.validate.report import validate as run_validate
 
     result = _run(lambda: run_validate(split, set(source) if source else None, cost_model))
@@ -312,8 +325,6 @@ def _write_one(path: str, text: str, force: bool) -> None:
     _run(lambda: write_output(path, text, force=force))
 
 
-FrameworkOpt = Annotated[str, typer.Option("--framework", help="Target framework whose limits and memory layout apply: megatron, deepspeed or torchtitan.")]
-PrecisionOpt = Annotated[str, typer.Option("--precision", help="bf16 or fp8 (your choice; not searched).")]
 QuietOpt = Annotated[bool, typer.Option("--quiet", "-q", help="No progress bar.")]
 PlotOpt = Annotated[Optional[str], typer.Option("--plot", help="Pipeline timeline to this .png/.svg/.pdf (memory bars beside it as NAME-memory.png); needs matplotlib (autopar[plot]); '-' draws in the terminal.")]
 
@@ -362,14 +373,14 @@ def plan(
     global_batch: Annotated[int, typer.Option("--global-batch", "-b", min=1, max=MAX_GLOBAL_BATCH, help="Global batch size in sequences.")],
     seq_len: SeqOpt = None,
     top: Annotated[int, typer.Option("--top", min=1, max=100, help="How many of the best plans to list.")] = 5,
-    framework: FrameworkOpt = "megatron",
+    framework: FrameworkOpt = Framework.MEGATRON.value,
     fix: Annotated[Optional[str], typer.Option("--fix", help="Pin axes, e.g. 'tp=8,pp=16,mbs=1' (tp pp dp cp ep etp vpp mbs zero sp recompute).")] = None,
     max_tp: Annotated[Optional[int], typer.Option("--max-tp", min=1, max=MAX_GPUS, help="Largest tensor-parallel degree to consider.")] = None,
-    memory_margin: Annotated[Optional[float], typer.Option("--memory-margin", min=0.0, max=0.9, callback=_finite_margin, help="Fraction of HBM kept free; default 0.1 (allocator spikes, NCCL growth).")] = None,
-    precision: PrecisionOpt = "bf16",
+    memory_margin: MarginOpt = DEFAULT_MEMORY_MARGIN,
+    precision: PrecisionOpt = Precision.BF16.value,
     cost_model: CostModelOpt = None,
     out_path: Annotated[Optional[str], typer.Option("--out", "-o", help="Write the best plan as a schema-versioned plan JSON here.")] = None,
-    export_fmt: Annotated[Optional[str], typer.Option("--export", help="Also export the best plan: megatron, deepspeed or torchtitan; files go to the --out directory (with plan.json).")] = None,
+    export_fmt: Annotated[Optional[str], typer.Option("--export", help="Also export the best plan: megatron, deepspeed or torchtitan; files go to the --out directory (with plan.json).", callback=_choice(Framework, "--export"))] = None,
     explain_best: Annotated[bool, typer.Option("--explain", help="Explain the chosen plan: time and memory per stage, and why each neighbouring plan loses.")] = False,
     plot: PlotOpt = None,
     force: ForceOpt = False,
@@ -379,8 +390,6 @@ def plan(
     """Find the fastest plans that fit, by search over tp, pp, vpp, cp, ep, mbs, ZeRO and recompute."""
     from pathlib import Path
 
-    _check_choice(framework, ("megatron", "deepspeed", "torchtitan"), "--framework")
-    _check_choice(precision, ("bf16", "fp8"), "--precision")
     plan_json = str(Path(out_path) / "plan.json") if out_path and export_fmt else out_path
     _check_outputs(([plan_json] if plan_json else []) + _picture_paths(plot), force)
     bar, update = _progress_sink(quiet or as_json)
@@ -395,8 +404,6 @@ def plan(
                                     fix=fix, max_tp=max_tp, memory_margin=memory_margin, precision=precision,
                                     cost_model=cost_model, progress=update)
 
-    if export_fmt:
-        _check_choice(export_fmt, ("megatron", "deepspeed", "torchtitan"), "--export")
     result = _run(run)
     exported: dict[str, str] = {}
     written: list[str] = []
@@ -412,7 +419,7 @@ def plan(
         targets = {plan_json: text, **{str(Path(out_path) / name): t for name, t in exported.items()}}
         written = _run(lambda: write_outputs(targets, force=force))
     if as_json:
-        _emit_json({"plans": [api.plan_entry(p, e, gpus) for p, e in result.plans],
+        _emit_json({"plans": [records.plan_entry(p, e, gpus) for p, e in result.plans],
                     "search": {"candidates": result.candidates, "pruned": result.pruned, "scored": result.scored,
                                "feasible": result.feasible, "refined": result.refined, "time_s": result.time_s}})
         return
@@ -422,13 +429,12 @@ def plan(
     if exported and not out_path:
         _emit_files(exported, None)
     best_plan, best_est = result.plans[0]
-    margin = memory_margin if memory_margin is not None else 0.1
     if explain_best:
         from autopar.report.explain import explain as run_explain, render_explanation
 
-        render_explanation(out, _run(lambda: run_explain(model, cluster, gpus, best_plan, cost_model, margin)))
+        render_explanation(out, _run(lambda: run_explain(model, cluster, gpus, best_plan, cost_model, memory_margin)))
     if plot:
-        _pictures(plot, best_plan, best_est, margin)
+        _pictures(plot, best_plan, best_est, memory_margin)
 
 
 @app.command()
@@ -441,14 +447,14 @@ def compare(
     gpus: Annotated[Optional[int], typer.Option("--gpus", "-n", min=1, max=MAX_GPUS, help="GPU count for --plan strings (default: the first plan file's).")] = None,
     global_batch: Annotated[Optional[int], typer.Option("--global-batch", "-b", min=1, max=MAX_GLOBAL_BATCH, help="Global batch for --plan strings.")] = None,
     seq_len: SeqOpt = None,
-    framework: FrameworkOpt = "megatron",
+    framework: FrameworkOpt = Framework.MEGATRON.value,
     from_megatron: Annotated[Optional[list[str]], typer.Option("--from-megatron", help="An existing Megatron-LM config (arguments or script path); repeatable.")] = None,
     from_deepspeed: Annotated[Optional[list[str]], typer.Option("--from-deepspeed", help="An existing DeepSpeed ds_config.json; repeatable.")] = None,
+    memory_margin: MarginOpt = DEFAULT_MEMORY_MARGIN,
     cost_model: CostModelOpt = None,
     as_json: JsonOpt = False,
 ) -> None:
     """Score several plans side by side; differences highlighted, the winner marked."""
-    _check_choice(framework, ("megatron", "deepspeed", "torchtitan"), "--framework")
     if not plan_strings:  # these options shape --plan strings only; without one they would be ignored
         used = ("seq_len",) if from_deepspeed else ()
         given = [p.opts[0] for p in ctx.command.params if p.name in ("global_batch", "seq_len", "framework")
@@ -460,12 +466,12 @@ def compare(
     def run():
         return api.compare_plans(plan_files or [], plan_strings or [], model=model, cluster=cluster, gpus=gpus,
                                  global_batch=global_batch, seq_len=seq_len, framework=framework,
-                                 cost_model=cost_model, from_megatron=from_megatron or [],
-                                 from_deepspeed=from_deepspeed or [])
+                                 cost_model=cost_model, memory_margin=memory_margin,
+                                 from_megatron=from_megatron or [], from_deepspeed=from_deepspeed or [])
 
     entries, n = _run(run)
     if as_json:
-        _emit_json({"plans": [api.plan_entry(p, e, n) for _, p, e in entries]})
+        _emit_json({"plans": [records.plan_entry(p, e, n) for _, p, e in entries]})
     else:
         tables.print_compare(out, entries)
 
@@ -473,7 +479,7 @@ def compare(
 @app.command()
 def profile(
     out_path: Annotated[str, typer.Option("--out", "-o", help="Where to write the measured cost-model JSON (e.g. cost_models/h200.json).")],
-    device: Annotated[str, typer.Option("--device", help="cuda (the local GPUs) or cpu (a functional check).")] = "cuda",
+    device: Annotated[str, typer.Option("--device", help="cuda (the local GPUs) or cpu (a functional check).", callback=_choice(("cuda", "cpu"), "--device"))] = "cuda",
     model: Annotated[str, typer.Option("--model", help="Model whose layer shapes the GEMM benchmark uses.")] = "llama3-8b",
     quick: Annotated[bool, typer.Option("--quick", help="Fewer shapes and repeats (about a minute on a CPU).")] = False,
     base: Annotated[Optional[str], typer.Option("--base", help="Cost model whose unmeasured parameters to keep; default: the shipped one for the GPU.")] = None,
@@ -484,7 +490,6 @@ def profile(
     """Measure GEMM, attention, memory bandwidth and collectives here and write a cost-model file."""
     from autopar.profile import profile as run_profile
 
-    _check_choice(device, ("cuda", "cpu"), "--device")
     _check_outputs([out_path], force)
     command = "autopar profile " + " ".join(sys.argv[2:])
     bar, update = _progress_sink(quiet or as_json)
@@ -525,8 +530,8 @@ def explain(
     gpus: Annotated[Optional[int], typer.Option("--gpus", "-n", min=1, max=MAX_GPUS, help="GPU count, with --plan.")] = None,
     global_batch: Annotated[Optional[int], typer.Option("--global-batch", "-b", min=1, max=MAX_GLOBAL_BATCH, help="Global batch, with --plan.")] = None,
     seq_len: SeqOpt = None,
-    framework: FrameworkOpt = "megatron",
-    memory_margin: Annotated[float, typer.Option("--memory-margin", min=0.0, max=0.9, callback=_finite_margin, help="Fraction of HBM kept free when judging fit.")] = 0.1,
+    framework: FrameworkOpt = Framework.MEGATRON.value,
+    memory_margin: MarginOpt = DEFAULT_MEMORY_MARGIN,
     cost_model: CostModelOpt = None,
     plot: PlotOpt = None,
     force: ForceOpt = False,
@@ -536,13 +541,12 @@ def explain(
     from autopar.errors import SchemaError
     from autopar.report.explain import explain as run_explain, render_explanation
 
-    _check_choice(framework, ("megatron", "deepspeed", "torchtitan"), "--framework")
     _check_outputs(_picture_paths(plot), force)
 
     def run():
         nonlocal model, cluster, gpus
         if plan_file:
-            pf, plan_, _ = api.score_plan_file(plan_file, cost_model)
+            pf, plan_, _ = api.score_plan_file(plan_file, cost_model, memory_margin)
             model, cluster, gpus = pf.target.model, pf.target.cluster, pf.target.gpus
         elif plan_string:
             missing = [n for n, v in (("--model", model), ("--cluster", cluster), ("--gpus", gpus),
@@ -551,7 +555,7 @@ def explain(
                 raise SchemaError(f"--plan needs {', '.join(missing)}")
             seq = seq_len or api.load_model(model).spec.seq_length
             plan_ = api.plan_from_assignments(plan_string, gpus, global_batch, seq, framework=framework,
-                                              zero=3 if framework == "torchtitan" else 1)
+                                              zero=default_zero(framework))
         else:
             raise SchemaError("explain needs a plan JSON or --plan 'tp=...,pp=...' with --model --cluster --gpus --global-batch")
         return run_explain(model, cluster, gpus, plan_, cost_model, memory_margin)
@@ -572,11 +576,11 @@ def sweep(
     gpus: Annotated[str, typer.Option("--gpus", "-n", help="GPU counts, comma-separated (e.g. 64,128,256), or one value.")],
     global_batch: Annotated[str, typer.Option("--global-batch", "-b", help="Global batch sizes, comma-separated, or one value.")],
     seq_len: Annotated[Optional[str], typer.Option("--seq-len", "-s", help="Sequence lengths, comma-separated, or one value; default: the model's.")] = None,
-    framework: FrameworkOpt = "megatron",
-    precision: PrecisionOpt = "bf16",
+    framework: FrameworkOpt = Framework.MEGATRON.value,
+    precision: PrecisionOpt = Precision.BF16.value,
     fix: Annotated[Optional[str], typer.Option("--fix", help="Pin axes at every point, e.g. 'tp=8,recompute=full'.")] = None,
     max_tp: Annotated[Optional[int], typer.Option("--max-tp", min=1, max=MAX_GPUS, help="Largest tensor-parallel degree to consider.")] = None,
-    memory_margin: Annotated[Optional[float], typer.Option("--memory-margin", min=0.0, max=0.9, callback=_finite_margin, help="Fraction of HBM kept free; default 0.1.")] = None,
+    memory_margin: MarginOpt = DEFAULT_MEMORY_MARGIN,
     cost_model: CostModelOpt = None,
     plot: Annotated[Optional[str], typer.Option("--plot", help="Scaling curves of tokens/s/GPU and MFU: a .png/.svg/.pdf path (needs matplotlib) or '-' for the terminal.")] = None,
     force: ForceOpt = False,
@@ -587,8 +591,6 @@ def sweep(
     from autopar.errors import NoFeasiblePlanError
     from autopar.report.sweep import parse_values, render_sweep, sweep as run_sweep
 
-    _check_choice(framework, ("megatron", "deepspeed", "torchtitan"), "--framework")
-    _check_choice(precision, ("bf16", "fp8"), "--precision")
     _check_outputs(_picture_paths(plot, with_memory=False), force)
     bar, update = _progress_sink(quiet or as_json)
 
@@ -622,19 +624,15 @@ def sweep(
             out.print(note or f"wrote {plot}")
 
 
-FormatOpt = Annotated[str, typer.Option("--format", "-f", help="megatron (launch script), deepspeed (ds_config.json + launcher) or torchtitan (launch command).")]
-
-
 @app.command()
 def export(
     plan_file: Annotated[str, typer.Argument(help="A plan JSON written by `autopar plan --out`.")],
-    fmt: FormatOpt = "megatron",
+    fmt: FormatOpt = Framework.MEGATRON.value,
     out_path: Annotated[Optional[str], typer.Option("--out", "-o", help="A directory for the files (or a file name when the format makes one file); default: print them.")] = None,
     force: ForceOpt = False,
     as_json: JsonOpt = False,
 ) -> None:
     """Turn a plan into a launch config that Megatron-LM, DeepSpeed or torchtitan accepts."""
-    _check_choice(fmt, ("megatron", "deepspeed", "torchtitan"), "--format")
     files = _run(lambda: api.export_plan_file(plan_file, fmt))
     if as_json:
         written = _run(lambda: api.write_files(files, out_path, force))

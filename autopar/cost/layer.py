@@ -18,6 +18,7 @@ from autopar.cost.compute import attention_time_s, gemm_time_s, memory_bound_tim
 from autopar.cost.params import CostParams
 from autopar.hardware import Cluster
 from autopar.model.graph import Layer
+from autopar.schema.plan import RecomputeMode
 
 # Gemm name prefixes -> Megatron recompute module that recomputes them under selective recompute.
 _GEMM_MODULE = {"mlp": "mlp", "expert": "moe", "shared": "shared_experts", "q_up": "mla_up_proj",
@@ -79,10 +80,10 @@ class LayerCost:
     def bwd_s(self) -> float:
         return self.bwd_compute_s + self.tp_comm_bwd_s + self.cp_comm_bwd_s + self.ep_comm_bwd_s
 
-    def recompute_s(self, mode: str, modules: tuple[str, ...]) -> float:
-        if mode == "full":
+    def recompute_s(self, mode: RecomputeMode, modules: tuple[str, ...]) -> float:
+        if mode == RecomputeMode.FULL:
             return self.fwd_s
-        if mode == "selective":
+        if mode == RecomputeMode.SELECTIVE:
             return sum(t for m, t in self.module_recompute_s if m in modules)
         return 0.0
 

@@ -5,6 +5,7 @@ mode, in-flight microbatches per pipeline schedule. Base units: bytes, counts.
 from __future__ import annotations
 
 from autopar.model.graph import Layer
+from autopar.schema.plan import Framework
 
 # Bytes per parameter of (weights, gradients, optimizer state), and which of them ZeRO shards,
 # for mixed-precision Adam (two fp32 moments):
@@ -16,17 +17,17 @@ from autopar.model.graph import Layer
 #   torchtitan (FSDP2, bf16 compute, fp32 reduce): fp32 sharded weights 4 + fp32 grads 4 + moments 8
 #     = 16, sharded over the FSDP group; the bf16 unsharded copies are transient (see fsdp_transient).
 _STATE_BYTES = {
-    "megatron": (2.0, 4.0, 12.0),
-    "deepspeed": (2.0, 2.0, 12.0),
-    "torchtitan": (4.0, 4.0, 8.0),
+    Framework.MEGATRON: (2.0, 4.0, 12.0),
+    Framework.DEEPSPEED: (2.0, 2.0, 12.0),
+    Framework.TORCHTITAN: (4.0, 4.0, 8.0),
 }
 
 
-def model_state_bytes(params: float, framework: str, zero: int, shard: int) -> dict[str, float]:
+def model_state_bytes(params: float, framework: Framework, zero: int, shard: int) -> dict[str, float]:
     """Weights, gradients and optimizer state of `params` parameters on one GPU, sharded over
     `shard` ranks by ZeRO stage `zero` (1: optimizer, 2: + gradients, 3: + weights)."""
     w, g, o = _STATE_BYTES[framework]
-    if framework == "torchtitan" and zero >= 2:
+    if framework == Framework.TORCHTITAN and zero >= 2:
         zero = 3  # FSDP shards all three; zero 2 only keeps the bf16 weights gathered (fsdp_transient)
     return {
         "weights": params * w / (shard if zero >= 3 else 1),
@@ -35,10 +36,10 @@ def model_state_bytes(params: float, framework: str, zero: int, shard: int) -> d
     }
 
 
-def fsdp_transient_bytes(stage_params: float, largest_layer_params: float, framework: str, zero: int) -> float:
+def fsdp_transient_bytes(stage_params: float, largest_layer_params: float, framework: Framework, zero: int) -> float:
     """Unsharded bf16 weights alive at once: ZeRO-3/FSDP gathers about two layers (current and
     prefetched); torchtitan's zero 2 (reshard_after_forward=False) keeps the stage's weights."""
-    if framework == "torchtitan" and zero == 2:
+    if framework == Framework.TORCHTITAN and zero == 2:
         return 2.0 * stage_params
     if zero >= 3:
         return 2.0 * 2.0 * largest_layer_params

@@ -7,8 +7,8 @@ Inputs are per-stage times of ONE microbatch, in seconds. Two estimators:
 - `simulate_1f1b` / `simulate_interleaved`: exact event simulations of the schedule (each op
   starts when its rank is free and its dependency is done; ops on one rank run in schedule
   order). Used for final plans and for the timeline picture.
-- `step_time_1f1b_closed_s` / `step_time_interleaved_closed_s`: O(p) closed forms for the
-  search's inner loop.
+- `pipeline_step_s`: the O(p) closed form the estimate and the search's bounds use (the only
+  closed form; the tests check it against the simulations).
 
 Model of communication: a p2p send of activations (forward) or gradients (backward) across a
 stage boundary delays the consumer by `p2p_s` but occupies neither rank (no compute slot is
@@ -74,60 +74,23 @@ def bubble_fraction_interleaved(p: int, m: int, v: int) -> float:
     return (p - 1) / (m * v)
 
 
-def step_time_1f1b_closed_s(
-    fwd_s: Sequence[float],
-    bwd_s: Sequence[float],
-    m: int,
-    p2p_s: float | Sequence[float] = 0.0,
-) -> float:
-    """Closed-form 1F1B step time: sum_i (f_i + b_i) + (m - 1)·max_i (f_i + b_i) + 2·sum(p2p).
+def pipeline_step_s(f: Sequence[float], b: Sequence[float], m: int, v: int, p2p_s: float) -> tuple[float, float]:
+    """(step without p2p, p2p part) of the (interleaved) 1F1B schedule, closed form: the one the
+    estimate and the search's bounds use.
 
-    Source: Narayanan'21 §2.2.1 ((m + p - 1)·(f + b) for uniform stages), generalised to
-    unequal stages as "one microbatch's full path plus m - 1 slots of the slowest stage". A
-    scalar p2p_s counts once per boundary: 2·(p - 1)·p2p_s. O(p); no validation (hot loop).
+        base = m · max_r (f_r + b_r) + (Σ_r (f_r + b_r) − max_r (f_r + b_r)) / v,   p2p = 2(p − 1) · p2p_s
 
-    When it is exact (checked against `simulate_1f1b` by the tests):
-    - uniform stages, p2p_s == 0: exact for every p, m (m < p, m = 1 and p = 1 included);
-    - uniform stages, p2p_s > 0: exact for m <= 2; for larger m a LOWER bound, because the
-      p - i microbatches in flight on stage i cannot cover a round trip that now includes
-      2·(p - 1 - i) sends. Seen in tests: simulated <= closed + (m - 1)·2·(p - 1)·p2p_s/p.
-    - non-uniform stages, p2p_s == 0: an UPPER bound when b_i/f_i is the same on every stage
-      (the usual case, b ≈ 2f). With arbitrary f_i, b_i it can UNDER-estimate (by up to ~12%
-      in random trials, when a stage heavy in forward borders one heavy in backward: the steady
-      state then pairs f_i with b_j); sum(f + b) + (m - 1)·(max f + max b) stays an upper bound.
-    Ignores: everything listed in the module docstring.
+    f_r, b_r: rank r's forward and backward of a FULL microbatch (all its v chunks). Source:
+    Narayanan'21 §2.2: (m + p − 1)(f + b) for 1F1B and (m + (p − 1)/v)(f + b) interleaved with equal
+    ranks, generalized to unequal ranks as one microbatch's path plus m − 1 slots of the slowest
+    rank. Exact against the event simulation for equal ranks without p2p (m % p == 0 when
+    interleaved); an upper bound for unequal ranks with the same backward/forward ratio; with
+    p2p > 0 a lower bound (see the tests). Ignores what the module docstring lists. O(p).
     """
-    f_plus_b = [f + b for f, b in zip(fwd_s, bwd_s)]
-    return sum(f_plus_b) + (m - 1) * max(f_plus_b) + 2.0 * _p2p_total_s(p2p_s, len(f_plus_b))
-
-
-def step_time_interleaved_closed_s(
-    fwd_s: float,
-    bwd_s: float,
-    p: int,
-    m: int,
-    vpp: int,
-    p2p_s: float = 0.0,
-) -> float:
-    """Closed-form interleaved 1F1B step time for uniform chunks:
-    (m + (p - 1)/vpp)·(f + b) + 2·(p·vpp - 1)·p2p_s.
-
-    fwd_s, bwd_s: per-rank time of a FULL microbatch (= vpp × one chunk's time), so the ideal
-    compute is m·(f + b) and the bubble (p - 1)/vpp·(f + b). Source: Narayanan'21 §2.2.2. The
-    p2p term counts the 2·(p·vpp - 1) virtual-stage boundaries one microbatch crosses (it is
-    2·(p - 1) at vpp = 1, where this equals `step_time_1f1b_closed_s`).
-
-    Exact (equals `simulate_interleaved`) when p2p_s == 0 and m % p == 0, m = p included. With
-    p2p_s > 0 a LOWER bound; seen in tests: simulated <= closed + (m·vpp - 1)·2·(p - 1)·p2p_s/p.
-    """
-    return (m + (p - 1) / vpp) * (fwd_s + bwd_s) + 2.0 * (p * vpp - 1) * p2p_s
-
-
-def _p2p_total_s(p2p_s: float | Sequence[float], p: int) -> float:
-    """Sum of p2p times over the p - 1 stage boundaries (a scalar counts once per boundary)."""
-    if isinstance(p2p_s, (int, float)):
-        return (p - 1) * float(p2p_s)
-    return float(sum(p2p_s))
+    fb = [x + y for x, y in zip(f, b)]
+    slowest = max(fb)
+    base = m * slowest + (sum(fb) - slowest) / v
+    return base, 2.0 * (len(fb) - 1) * p2p_s
 
 
 # ----------------------------------------------------------------------------- schedules

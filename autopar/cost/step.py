@@ -2,10 +2,10 @@
 synchronization and the optimizer, summed into an Estimate.
 
 step = pipeline(per-rank forward/backward per microbatch) + exposed DP sync + optimizer step.
-The pipeline uses the 1F1B closed form generalized to interleaving and unequal ranks:
-m · max_r(f_r + b_r) + (Σ_r (f_r + b_r) − max_r(f_r + b_r)) / v + 2(p − 1) · p2p, which is
-Narayanan'21's (m + (p − 1)/v)(f + b) for equal ranks (checked against autopar.cost.pipeline's
-event simulation in tests).
+The pipeline uses the 1F1B closed form generalized to interleaving and unequal ranks
+(autopar.cost.pipeline.pipeline_step_s, checked against its event simulation in tests). Every
+group size, shard size, span and microbatch count comes from the plan's Layout
+(autopar.cost.layout); a plan fits when its peak rank is within the usable HBM, HBM · (1 − margin).
 """
 
 from __future__ import annotations
@@ -15,10 +15,12 @@ from dataclasses import dataclass, field
 from autopar.cost import comm, memory
 from autopar.cost.compute import memory_bound_time_s
 from autopar.cost.layer import BF16_BYTES, LayerCost, Spans, Split, layer_cost
+from autopar.cost.layout import Layout, stage_layer_counts  # noqa: F401 (stage_layer_counts re-exported)
 from autopar.cost.params import CostParams
+from autopar.cost.pipeline import pipeline_step_s
 from autopar.hardware import Cluster
 from autopar.model.graph import Layer, ModelGraph
-from autopar.schema.plan import ParallelPlan
+from autopar.schema.plan import Framework, ParallelPlan, Precision, RecomputeMode
 
 # Adam step traffic per locally owned parameter: read fp32 master, grad, two moments (16 B),
 # write master and moments (12 B) and the bf16 weight (2 B); clipping reads the grad again (4 B).
@@ -27,7 +29,15 @@ OPTIMIZER_BYTES_PER_PARAM = 34.0
 # overlap with backward. We expose at least 1/GRAD_BUCKETS of the reduction.
 GRAD_BUCKETS = 8
 MFU_NOTE = "MFU = (6·N_active + causal attention) FLOPs per token × tokens/s ÷ dense bf16 peak (fp8 plans too)"
-MAIN_GRAD_BYTES = {"megatron": 4.0, "deepspeed": 2.0, "torchtitan": 4.0}  # bytes reduced per grad
+MAIN_GRAD_BYTES = {Framework.MEGATRON: 4.0, Framework.DEEPSPEED: 2.0, Framework.TORCHTITAN: 4.0}  # bytes reduced per grad
+# Fraction of HBM a plan leaves free for what no model sees (allocator spikes, NCCL buffer growth);
+# plan, estimate, compare, explain and sweep all judge "fits" against HBM · (1 − margin).
+DEFAULT_MEMORY_MARGIN = 0.1
+
+
+def usable_memory_bytes(capacity_bytes: float, memory_margin: float) -> float:
+    """HBM a plan may fill: capacity · (1 − margin). The one definition of "fits"."""
+    return capacity_bytes * (1.0 - memory_margin)
 
 
 @dataclass(frozen=True, slots=True)
@@ -54,6 +64,8 @@ class Estimate:
     mfu: float
     peak_memory_bytes: float
     memory_capacity_bytes: float
+    usable_memory_bytes: float  # capacity · (1 − memory_margin): fits ⇔ peak ≤ usable
+    memory_margin: float
     fits: bool
     time_breakdown_s: dict[str, float]
     memory_breakdown_bytes: dict[str, float]
@@ -72,20 +84,9 @@ class Estimate:
         return sum(self.time_breakdown_s[k] for k in keys) / self.step_time_s
 
 
-def stage_layer_counts(num_layers: int, stages: int) -> tuple[int, ...]:
-    """Even split; a remainder goes to the middle stages so the first and last (which also hold
-    the embedding and the head) get fewer — Llama 3's 405B layout (Dubey et al. 2024 §3.3.2)."""
-    q, r = divmod(num_layers, stages)
-    counts = [q] * stages
-    order = list(range(1, stages - 1)) + [0, stages - 1] if stages > 2 else list(range(stages))
-    for i in order[:r]:
-        counts[i] += 1
-    return tuple(counts)
-
-
-def assign_layers(graph: ModelGraph, plan: ParallelPlan) -> list[list[Layer]]:
-    """Layers of each virtual stage: embedding on the first, MTP and head on the last."""
-    counts = plan.layers_per_stage or stage_layer_counts(graph.spec.num_layers, plan.pp * plan.vpp)
+def assign_layers(graph: ModelGraph, layout: Layout) -> list[list[Layer]]:
+    """Layers of each virtual stage (the layout's split): embedding on the first, MTP and head on the last."""
+    counts = layout.stage_counts
     decoders = list(graph.decoder_layers)
     stages, start = [], 0
     for c in counts:
@@ -106,36 +107,54 @@ def moe_load(plan: ParallelPlan) -> float:
 
 @dataclass(frozen=True, slots=True)
 class StepSetup:
+    """A plan's Layout and the per-microbatch Split its layers are costed on. The group sizes and
+    spans are the layout's (these properties only name them for the cost terms)."""
+
+    layout: Layout
     split: Split
-    spans: Spans
-    dp_span: comm.GroupSpan
-    edp_span: comm.GroupSpan
-    pp_crosses_nodes: bool
-    dp: int
-    edp: int
-    m: int
+
+    @property
+    def spans(self) -> Spans:
+        return self.layout.layer_spans
+
+    @property
+    def dp_span(self) -> comm.GroupSpan:
+        return self.layout.dp_span
+
+    @property
+    def edp_span(self) -> comm.GroupSpan:
+        return self.layout.edp_span
+
+    @property
+    def pp_crosses_nodes(self) -> bool:
+        return self.layout.pp_crosses_nodes
+
+    @property
+    def dp(self) -> int:
+        return self.layout.dp
+
+    @property
+    def edp(self) -> int:
+        return self.layout.edp
+
+    @property
+    def m(self) -> int:
+        return self.layout.num_microbatches
 
 
-def setup(graph: ModelGraph, cluster: Cluster, plan: ParallelPlan, p: CostParams) -> StepSetup:
-    n, gpn = cluster.num_gpus, cluster.gpus_per_node
-    dp = plan.dp_for(n)
-    etp = plan.expert_tp
-    edp = max(n // (etp * plan.ep * plan.pp), 1)
-    peak = cluster.peak_flops(plan.precision if plan.precision != "fp8" else "bf16")
-    if plan.precision == "fp8":
+def setup(graph: ModelGraph, cluster: Cluster, plan: ParallelPlan, p: CostParams,
+          layout: Layout | None = None) -> StepSetup:
+    """The plan's layout (built here unless given) and the split its layers are costed on."""
+    layout = layout or Layout.of(plan, cluster, graph)
+    fp8 = plan.precision == Precision.FP8
+    peak = cluster.peak_flops(Precision.BF16 if fp8 else plan.precision)
+    if fp8:
         peak *= p.fp8_speedup
-    split = Split(tp=plan.tp, sp=plan.sequence_parallel, cp=plan.cp, ep=plan.ep, etp=etp,
+    split = Split(tp=plan.tp, sp=plan.sequence_parallel, cp=plan.cp, ep=plan.ep, etp=layout.etp,
                   tokens=plan.mbs * plan.seq_len / plan.cp, seq_len=plan.seq_len, hidden=graph.spec.hidden_size,
                   peak_flops=peak, moe_load=moe_load(plan) if graph.spec.moe else 1.0,
                   cp_comm_type=plan.cp_comm_type, moe_dispatcher=plan.moe_dispatcher)
-    spans = Spans(tp=comm.group_span(plan.tp, 1, gpn), cp=comm.group_span(plan.cp, plan.tp, gpn),
-                  ep=comm.group_span(plan.ep, etp, gpn), etp=comm.group_span(etp, 1, gpn))
-    # Gradients are reduced, and the distributed optimizer shards, over dp·cp: CP ranks hold the same
-    # weights (Megatron's data-parallel group "with context parallel").
-    return StepSetup(split=split, spans=spans, dp_span=comm.group_span(dp * plan.cp, plan.tp, gpn),
-                  edp_span=comm.group_span(edp, etp * plan.ep, gpn),
-                  pp_crosses_nodes=plan.tp * plan.cp * dp >= gpn and n > gpn, dp=dp, edp=edp,
-                  m=plan.num_microbatches(n))
+    return StepSetup(layout=layout, split=split)
 
 
 def layer_costs(stages: list[list[Layer]], st: StepSetup, cluster: Cluster, p: CostParams,
@@ -158,8 +177,8 @@ def _recompute_mode(plan: ParallelPlan, position: int) -> str:
     """Recompute mode of the position-th decoder layer of a virtual stage (Megatron's block method
     recomputes the first K layers of each virtual stage)."""
     r = plan.recompute
-    if r.mode == "full" and r.num_layers is not None and position >= r.num_layers:
-        return "none"
+    if r.mode == RecomputeMode.FULL and r.num_layers is not None and position >= r.num_layers:
+        return RecomputeMode.NONE
     return r.mode
 
 
@@ -170,13 +189,13 @@ def stage_time(stage: list[Layer], costs: dict[str, LayerCost], plan: ParallelPl
     position = 0
     for layer in stage:
         c = costs[_layer_key(layer)]
-        mode = "none"
+        mode = RecomputeMode.NONE
         if layer.kind in ("dense", "moe"):
             mode = _recompute_mode(plan, position)
             position += 1
         # Full recompute re-runs the forward: its compute counts as recompute, its communication
         # under the axis that issues it (so the breakdown counts every second once).
-        full = mode == "full"
+        full = mode == RecomputeMode.FULL
         r = c.fwd_compute_s if full else c.recompute_s(mode, plan.recompute.modules)
         fwd += c.fwd_s
         bwd += c.bwd_s + r + (c.tp_comm_fwd_s + c.cp_comm_fwd_s + c.ep_comm_fwd_s if full else 0.0)
@@ -205,15 +224,15 @@ def stage_activation_bytes(stage: list[Layer], plan: ParallelPlan, tokens: float
     position = 0
     sp = plan.sequence_parallel
     for layer in stage:
-        mode = "none"
+        mode = RecomputeMode.NONE
         if layer.kind in ("dense", "moe"):
             mode = _recompute_mode(plan, position)
             position += 1
-        fp8 = plan.precision == "fp8"
+        fp8 = plan.precision == Precision.FP8
         kept = memory.saved_activation_bytes(layer, tokens, plan.seq_len, plan.tp, sp, mode, plan.recompute.modules, fp8)
         saved += kept
-        if mode != "none":
-            full = memory.saved_activation_bytes(layer, tokens, plan.seq_len, plan.tp, sp, "none", fp8=fp8)
+        if mode != RecomputeMode.NONE:
+            full = memory.saved_activation_bytes(layer, tokens, plan.seq_len, plan.tp, sp, RecomputeMode.NONE, fp8=fp8)
             work = max(work, full - kept)
     return saved, work
 
@@ -221,8 +240,8 @@ def stage_activation_bytes(stage: list[Layer], plan: ParallelPlan, tokens: float
 def rank_memory(rank: int, chunks: list[list[Layer]], graph: ModelGraph, plan: ParallelPlan, st: StepSetup,
                  p: CostParams) -> tuple[float, dict[str, float], float, float]:
     """(peak bytes, breakdown, dense params, expert params) of one pipeline rank."""
-    last_rank = plan.pp - 1
-    tied_copy = graph.spec.tie_embeddings and plan.pp > 1 and rank == last_rank and plan.framework == "megatron"
+    layout = st.layout
+    tied_copy = layout.tied_embedding_copy and rank == layout.pp - 1
     dense = expert = largest = 0.0
     saved = []
     work = 0.0
@@ -232,17 +251,11 @@ def rank_memory(rank: int, chunks: list[list[Layer]], graph: ModelGraph, plan: P
         s, w = stage_activation_bytes(chunk, plan, st.split.tokens)
         saved.append(s)
         work = max(work, w)
-    shard = plan.zero_shard_size or st.dp * plan.cp
-    states = memory.model_state_bytes(dense, plan.framework, plan.zero, shard)
-    # Expert weights are replicated over the expert data-parallel group only (gpus / (etp·ep·pp)).
-    expert_shard = min(plan.zero_shard_size, st.edp) if plan.zero_shard_size else st.edp
-    expert_states = memory.model_state_bytes(expert, plan.framework, plan.zero, expert_shard)
+    states = memory.model_state_bytes(dense, plan.framework, plan.zero, layout.dense_shard)
+    expert_states = memory.model_state_bytes(expert, plan.framework, plan.zero, layout.expert_shard)
     breakdown = {k: states[k] + expert_states[k] for k in states}
-    if plan.vpp > 1:
-        inflight = memory.inflight_chunks_interleaved(plan.pp, plan.vpp, rank, st.m)
-        activations = inflight * sum(saved) / len(saved)
-    else:
-        activations = memory.inflight_microbatches_1f1b(plan.pp, rank, st.m) * saved[0]
+    # Interleaved: the rank's in-flight chunks hold its mean chunk's activations.
+    activations = layout.inflight[rank] * sum(saved) / len(saved)
     breakdown["activations"] = activations + work
     breakdown["fsdp_gathered"] = memory.fsdp_transient_bytes(dense + expert, largest, plan.framework, plan.zero)
     allocated = sum(breakdown.values())
@@ -287,22 +300,22 @@ def _zero3_exposed_s(dense: float, expert: float, fwd_compute_s: float, st: Step
     return st.m * max(0.0, per_mb - 3.0 * fwd_compute_s)
 
 
-def pipeline_step_s(f: list[float], b: list[float], m: int, v: int, p2p_s: float) -> tuple[float, float]:
-    """(step without p2p, p2p part) of the (interleaved) 1F1B schedule, closed form."""
-    fb = [x + y for x, y in zip(f, b)]
-    slowest = max(fb)
-    base = m * slowest + (sum(fb) - slowest) / v
-    return base, 2.0 * (len(fb) - 1) * p2p_s
+def rank_chunks(stages: list[list[Layer]], layout: Layout) -> list[list[list[Layer]]]:
+    """The virtual stages each pipeline rank holds (Layout.rank_stages), in execution order."""
+    return [[stages[i] for i in layout.rank_stages(r)] for r in range(layout.pp)]
 
 
 def estimate(graph: ModelGraph, cluster: Cluster, plan: ParallelPlan, p: CostParams,
-             memory_margin: float = 0.0) -> Estimate:
-    """Score one plan (assumed valid: see autopar.schema.plan.check_plan)."""
+             memory_margin: float = DEFAULT_MEMORY_MARGIN) -> Estimate:
+    """Score one plan (assumed valid: see autopar.cost.layout.check_layout); it fits when its peak
+    rank is within usable_memory_bytes(HBM, memory_margin)."""
     st = setup(graph, cluster, plan, p)
-    stages = assign_layers(graph, plan)
+    layout = st.layout
+    stages = assign_layers(graph, layout)
     costs = layer_costs(stages, st, cluster, p, plan)
-    ranks = [[stages[c * plan.pp + r] for c in range(plan.vpp)] for r in range(plan.pp)]
+    ranks = rank_chunks(stages, layout)
     f, b, rec, comm_parts, stage_rows, dp_exposed = [], [], [], [], [], 0.0
+    opt_params = 0.0
     for r, chunks in enumerate(ranks):
         times = [stage_time(chunk, costs, plan) for chunk in chunks]
         f.append(sum(t[0] for t in times))
@@ -310,6 +323,7 @@ def estimate(graph: ModelGraph, cluster: Cluster, plan: ParallelPlan, p: CostPar
         rec.append(sum(t[2] for t in times))
         comm_parts.append({k: sum(t[3][k] for t in times) for k in ("tp_comm", "cp_comm", "ep_comm")})
         mem, breakdown, dense, expert = rank_memory(r, chunks, graph, plan, st, p)
+        opt_params = max(opt_params, dense / layout.dense_optimizer_shard + expert / layout.expert_optimizer_shard)
         sync = _dp_sync_s(dense, expert, st, cluster, p, plan)
         slack = r * (b[-1] / plan.vpp)  # later ranks finish their last backward earlier
         dp_exposed = max(dp_exposed, _exposed_dp_s(sync, b[-1], plan) - slack)
@@ -322,8 +336,6 @@ def estimate(graph: ModelGraph, cluster: Cluster, plan: ParallelPlan, p: CostPar
     p2p_bytes = st.split.tokens * graph.spec.hidden_size * BF16_BYTES / (plan.tp if plan.sequence_parallel else 1)
     p2p_s = comm.send_recv_s(p2p_bytes, st.pp_crosses_nodes, cluster, p) if plan.pp > 1 else 0.0
     pipe_s, pp_comm_s = pipeline_step_s(f, b, st.m, plan.vpp, p2p_s)
-    opt_params = max(row.params / ((plan.zero_shard_size or st.dp * plan.cp) if plan.zero >= 1 else 1)
-                     for row in stage_rows)
     optimizer_s = memory_bound_time_s(opt_params * OPTIMIZER_BYTES_PER_PARAM, cluster.hbm_bytes_per_s, p, kernels=4)
     step_s = pipe_s + pp_comm_s + dp_exposed + optimizer_s
     slow = max(range(plan.pp), key=lambda r: f[r] + b[r])
@@ -350,13 +362,14 @@ def _summarize(graph: ModelGraph, cluster: Cluster, plan: ParallelPlan, st: Step
     recompute_flops = _recompute_flops(graph, plan) * tokens
     peak_row = max(stage_rows, key=lambda row: row.memory_bytes)
     capacity = cluster.hbm_bytes
+    usable = usable_memory_bytes(capacity, memory_margin)
     return Estimate(
         step_time_s=step_s, tokens_per_s=tokens / step_s, tokens_per_s_per_gpu=tokens / step_s / n,
         model_tflops_per_gpu=model_flops / step_s / n / 1e12,
         hardware_tflops_per_gpu=(model_flops + recompute_flops) / step_s / n / 1e12,
         mfu=model_flops / step_s / n / cluster.peak_flops("bf16"),
         peak_memory_bytes=peak_row.memory_bytes, memory_capacity_bytes=capacity,
-        fits=peak_row.memory_bytes <= capacity * (1.0 - memory_margin),
+        usable_memory_bytes=usable, memory_margin=memory_margin, fits=peak_row.memory_bytes <= usable,
         time_breakdown_s=breakdown_s, memory_breakdown_bytes=dict(peak_row.memory_breakdown_bytes),
         stages=tuple(stage_rows), num_microbatches=st.m, dp=st.dp,
         notes=(MFU_NOTE,),
@@ -367,10 +380,10 @@ def _recompute_flops(graph: ModelGraph, plan: ParallelPlan) -> float:
     """Extra forward FLOPs per token that recomputation adds (for hardware TFLOP/s)."""
     r = plan.recompute
     decoders = graph.decoder_layers
-    if r.mode == "full":
+    if r.mode == RecomputeMode.FULL:
         per_stage = graph.spec.num_layers / (plan.pp * plan.vpp)
         share = 1.0 if r.num_layers is None else min(1.0, r.num_layers / per_stage)
         return share * sum(layer.forward_flops_per_token(plan.seq_len) for layer in decoders)
-    if r.mode == "selective" and "core_attn" in r.modules:
+    if r.mode == RecomputeMode.SELECTIVE and "core_attn" in r.modules:
         return sum(layer.attention_flops_per_token(plan.seq_len) for layer in decoders)
     return 0.0

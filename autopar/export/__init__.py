@@ -19,6 +19,7 @@ from autopar.export.megatron import export_megatron, megatron_args
 from autopar.export.megatron_rules import megatron_violations
 from autopar.export.torchtitan import (CONFIG_MODULE, config_module, export_torchtitan, torchtitan_args,
                                        torchtitan_launch_command)
+from autopar.schema.plan import Framework
 from autopar.schema.plan_file import PlanFile
 
 __all__ = ["EXPORT_FORMATS", "export", "export_megatron", "megatron_args", "megatron_violations", "export_deepspeed",
@@ -50,8 +51,8 @@ def _torchtitan(pf: PlanFile) -> dict[str, str]:
     return {"launch_torchtitan.sh": script, f"{CONFIG_MODULE}.py": config_module(pf)}
 
 
-_EXPORTERS: dict[str, Callable[[PlanFile], dict[str, str]]] = {
-    "megatron": _megatron, "deepspeed": _deepspeed, "torchtitan": _torchtitan}
+_EXPORTERS: dict[Framework, Callable[[PlanFile], dict[str, str]]] = {
+    Framework.MEGATRON: _megatron, Framework.DEEPSPEED: _deepspeed, Framework.TORCHTITAN: _torchtitan}
 
 EXPORT_FORMATS: tuple[str, ...] = tuple(_EXPORTERS)
 
@@ -90,10 +91,10 @@ def framework_refusals(spec, gpus: int, plan) -> list[str]:
     from autopar.export.torchtitan import torchtitan_refusals
     from autopar.schema.plan_file import PlanTarget
 
-    if plan.framework == "megatron":
+    if plan.framework == Framework.MEGATRON:
         return []
     pf = PlanFile(autopar_version="", target=PlanTarget(model=spec.name, model_spec=spec, cluster="-", gpus=gpus),
                   parallel=plan)
-    if plan.framework == "deepspeed":
+    if plan.framework == Framework.DEEPSPEED:
         return deepspeed_refusals(pf, plan)
     return torchtitan_refusals(pf, plan)

@@ -3,11 +3,10 @@ the node shape, and the bash that launches one process group per node."""
 
 from __future__ import annotations
 
-import math
 import shlex
 from typing import Sequence
 
-from autopar.cost.step import stage_layer_counts
+from autopar.cost.layout import Layout
 from autopar.errors import AutoparError, ExportError
 from autopar.schema.plan import ParallelPlan, plan_violations
 from autopar.schema.plan_file import PlanFile
@@ -33,22 +32,30 @@ def refuse(framework: str, reasons: Sequence[str]) -> None:
         raise ExportError(f"{framework} cannot express this plan: " + "; ".join(reasons))
 
 
+def plan_layout(pf: PlanFile, plan: ParallelPlan | None = None, gpus_per_node: int | None = None) -> Layout:
+    """The Layout of the plan file's plan (or `plan`, e.g. retargeted) on its GPUs; the node size is
+    `gpus_per_node`, else the cluster profile's, else DEFAULT_GPUS_PER_NODE when the profile cannot
+    be loaded."""
+    from autopar.hardware import load_profile  # local: the exporters work without a loadable profile
+
+    per_node = gpus_per_node
+    if per_node is None:
+        try:
+            per_node = load_profile(pf.target.cluster).node.gpus_per_node
+        except (AutoparError, OSError, ValueError):
+            per_node = DEFAULT_GPUS_PER_NODE
+    spec = pf.target.model_spec
+    return Layout.build(plan or pf.parallel, pf.target.gpus, per_node, spec.num_layers, spec.tie_embeddings)
+
+
 def layer_counts(pf: PlanFile) -> tuple[int, ...]:
     """Decoder layers per virtual stage in execution order (the plan's, or autopar's default split)."""
-    plan = pf.parallel
-    return plan.layers_per_stage or stage_layer_counts(pf.target.model_spec.num_layers, plan.pp * plan.vpp)
+    return plan_layout(pf).stage_counts
 
 
 def node_shape(pf: PlanFile) -> tuple[int, int]:
     """(GPUs per node, nodes) for the launcher: the cluster profile's node size, capped at the GPU count."""
-    from autopar.hardware import load_profile  # local: the exporters work without a loadable profile
-
-    try:
-        per_node = load_profile(pf.target.cluster).node.gpus_per_node
-    except (AutoparError, OSError, ValueError):
-        per_node = DEFAULT_GPUS_PER_NODE
-    per_node = min(per_node, pf.target.gpus)
-    return per_node, math.ceil(pf.target.gpus / per_node)
+    return plan_layout(pf).launch_shape
 
 
 def bash_array(name: str, args: Sequence[str], per_line: int = 2) -> str:
@@ -67,7 +74,7 @@ def bash_array(name: str, args: Sequence[str], per_line: int = 2) -> str:
 
 def header(pf: PlanFile, framework: str, what: str) -> str:
     plan, spec = pf.parallel, pf.target.model_spec
-    dp = plan.dp_for(pf.target.gpus)
+    dp = plan_layout(pf).dp
     return "\n".join([
         "#!/usr/bin/env bash",
         f"# {what} for {spec.name} on {pf.target.gpus} GPUs ({pf.target.cluster}), written by autopar "

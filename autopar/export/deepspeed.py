@@ -25,8 +25,9 @@ import json
 import shlex
 from typing import Any
 
-from autopar.export.common import cluster_block, header, layer_counts, node_shape, refuse, require_exportable
-from autopar.schema.plan import ParallelPlan
+from autopar.export.common import (cluster_block, header, layer_counts, node_shape, plan_layout, refuse,
+                                   require_exportable)
+from autopar.schema.plan import ParallelPlan, Precision, RecomputeMode
 from autopar.schema.plan_file import PlanFile
 
 BUCKET_BYTES = 500_000_000  # DeepSpeed's default reduce/allgather bucket (elements), zero/config.py
@@ -41,7 +42,7 @@ def deepspeed_refusals(pf: PlanFile, plan: ParallelPlan) -> list[str]:
                        "parallelism (Megatron-DeepSpeed adds them); export to megatron or set it to 1")
     if plan.vpp > 1:
         out.append(f"vpp {plan.vpp}: PipelineModule runs one stage per rank (no interleaved schedule); set vpp 1")
-    if plan.precision == "fp8":
+    if plan.precision == Precision.FP8:
         out.append("fp8: the DeepSpeed engine trains in bf16 or fp16, fp8 GEMMs need Transformer Engine; use bf16")
     if plan.zero_shard_size is not None:
         out.append("zero_shard_size: DeepSpeed 0.19 removed MiCS hybrid sharding (ZeRO++ hpZ only splits the "
@@ -51,10 +52,10 @@ def deepspeed_refusals(pf: PlanFile, plan: ParallelPlan) -> list[str]:
         out.append(f"layers per stage {list(counts)}: PipelineModule partitions the decoder layers evenly; "
                    "use a layer count divisible by pp or export to megatron")
     rc = plan.recompute
-    if rc.mode == "selective" and set(rc.modules) != {"core_attn"}:
+    if rc.mode == RecomputeMode.SELECTIVE and set(rc.modules) != {"core_attn"}:
         out.append(f"selective recompute of {', '.join(rc.modules)}: DeepSpeed recomputes whole layers only; "
                    "use full, none or selective core_attn")
-    if rc.mode == "full" and rc.num_layers is not None and plan.pp > 1:
+    if rc.mode == RecomputeMode.FULL and rc.num_layers is not None and plan.pp > 1:
         out.append(f"full recompute of {rc.num_layers} layers per stage: PipelineModule checkpoints every "
                    "`activation_checkpoint_interval` layers; use full recompute of every layer")
     if plan.moe_capacity_factor is not None:
@@ -79,25 +80,25 @@ def export_deepspeed(pf: PlanFile) -> dict[str, Any]:
     """The ds_config dict; ExportError names what DeepSpeed cannot express."""
     plan = require_exportable(pf, "deepspeed")
     refuse("deepspeed", deepspeed_refusals(pf, plan))
-    dp = plan.dp_for(pf.target.gpus)
+    layout = plan_layout(pf, plan)
     config: dict[str, Any] = {
         "train_batch_size": plan.global_batch,
         "train_micro_batch_size_per_gpu": plan.mbs,
-        "gradient_accumulation_steps": plan.global_batch // (plan.mbs * dp),
+        "gradient_accumulation_steps": layout.num_microbatches,
         "gradient_clipping": 1.0,
         "steps_per_print": 10,
         "bf16": {"enabled": True},
         "zero_optimization": _zero_section(pf, plan),
         "wall_clock_breakdown": False,
     }
-    if plan.recompute.mode == "full":
+    if plan.recompute.mode == RecomputeMode.FULL:
         config["activation_checkpointing"] = {
             "partition_activations": False, "cpu_checkpointing": False, "contiguous_memory_optimization": False,
             "number_checkpoints": plan.recompute.num_layers, "synchronize_checkpoint_boundary": False,
             "profile": False}
     if plan.pp > 1:
         config["pipeline"] = {"stages": plan.pp,
-                              "activation_checkpoint_interval": 1 if plan.recompute.mode == "full" else 0}
+                              "activation_checkpoint_interval": 1 if plan.recompute.mode == RecomputeMode.FULL else 0}
     return config
 
 
@@ -123,7 +124,7 @@ def launch_script(pf: PlanFile, config: dict[str, Any], config_path: str = "ds_c
         model_code.append(f"# pp {plan.pp}: wrap the {spec.num_layers} decoder layers in "
                           f"PipelineModule(num_stages={plan.pp}, partition_method='type:<DecoderLayer>') so every "
                           f"stage gets {spec.num_layers // plan.pp} layers.")
-    if plan.recompute.mode == "full" and plan.recompute.num_layers is not None:
+    if plan.recompute.mode == RecomputeMode.FULL and plan.recompute.num_layers is not None:
         model_code.append(f"# Recompute: wrap the first {plan.recompute.num_layers} decoder layers of the model in "
                           "deepspeed.checkpointing.checkpoint.")
     body = [header(pf, "deepspeed", "DeepSpeed launch"), "\n".join(model_code),

@@ -18,7 +18,7 @@ from typing import Any, Mapping
 
 from pydantic import ValidationError
 
-from autopar.cost.step import stage_layer_counts
+from autopar.cost.layout import stage_layer_counts
 from autopar.errors import InputFileError
 from autopar.export.megatron_rules import parse_layout, parse_megatron_argv
 from autopar.io import read_json_object, read_text_file

@@ -28,10 +28,11 @@ The arguments are checked with megatron_rules before a script is written.
 from __future__ import annotations
 
 from autopar.errors import ExportError
-from autopar.export.common import TORCHRUN, bash_array, cluster_block, header, layer_counts, refuse, require_exportable
+from autopar.export.common import (TORCHRUN, bash_array, cluster_block, header, layer_counts, plan_layout, refuse,
+                                   require_exportable)
 from autopar.export.megatron_rules import format_layout, megatron_notes, megatron_violations
 from autopar.schema.model import ModelSpec, MoESpec
-from autopar.schema.plan import ParallelPlan
+from autopar.schema.plan import ParallelPlan, Precision, RecomputeMode
 from autopar.schema.plan_file import PlanFile
 
 # autopar cp_comm_type -> the value Transformer Engine's attention takes (Megatron passes it through)
@@ -212,12 +213,12 @@ def _parallel_args(pf: PlanFile, plan: ParallelPlan) -> list[str]:
     elif plan.vpp > 1:
         args += ["--num-virtual-stages-per-pipeline-rank", str(plan.vpp)]
     args += zero_args(plan)
-    dp = plan.dp_for(pf.target.gpus)
-    if plan.zero_shard_size is not None and plan.zero_shard_size < dp:
+    layout = plan_layout(pf, plan)
+    if layout.dp_replicate > 1:
         if plan.zero == 0:
             refuse("megatron", ["zero_shard_size needs the distributed optimizer or Megatron-FSDP (zero >= 1); "
                                 "set zero 1 or drop it"])
-        args += ["--num-distributed-optimizer-instances", str(dp // plan.zero_shard_size)]
+        args += ["--num-distributed-optimizer-instances", str(layout.dp_replicate)]
     return args
 
 
@@ -239,11 +240,11 @@ def zero_args(plan: ParallelPlan) -> list[str]:
 
 def _recompute_args(plan: ParallelPlan) -> list[str]:
     rc = plan.recompute
-    if rc.mode == "selective":
+    if rc.mode == RecomputeMode.SELECTIVE:
         return ["--recompute-granularity", "selective", "--recompute-modules", *rc.modules]
-    if rc.mode == "full" and rc.num_layers is None:
+    if rc.mode == RecomputeMode.FULL and rc.num_layers is None:
         return ["--recompute-granularity", "full", "--recompute-method", "uniform", "--recompute-num-layers", "1"]
-    if rc.mode == "full":
+    if rc.mode == RecomputeMode.FULL:
         return ["--recompute-granularity", "full", "--recompute-method", "block",
                 "--recompute-num-layers", str(rc.num_layers)]
     return []
@@ -251,7 +252,7 @@ def _recompute_args(plan: ParallelPlan) -> list[str]:
 
 def _step_args(plan: ParallelPlan) -> list[str]:
     args = ["--micro-batch-size", str(plan.mbs), "--global-batch-size", str(plan.global_batch), "--bf16"]
-    if plan.precision == "fp8":
+    if plan.precision == Precision.FP8:
         args += list(FP8_ARGS)
     if plan.overlap_grad_reduce:
         args.append("--overlap-grad-reduce")

@@ -35,10 +35,11 @@ import shlex
 
 from dataclasses import dataclass
 
-from autopar.export.common import (TORCHRUN, bash_array, cluster_block, header, layer_counts, refuse,
-                                   require_exportable)
+from autopar.cost.layout import Layout
+from autopar.export.common import (DEFAULT_GPUS_PER_NODE, TORCHRUN, bash_array, cluster_block, header, layer_counts,
+                                   plan_layout, refuse, require_exportable)
 from autopar.schema.model import ModelSpec
-from autopar.schema.plan import ParallelPlan
+from autopar.schema.plan import ParallelPlan, RecomputeMode
 from autopar.schema.plan_file import PlanFile
 
 @dataclass(frozen=True, slots=True)
@@ -128,7 +129,8 @@ def torchtitan_refusals(pf: PlanFile, plan: ParallelPlan) -> list[str]:
     if reason:
         return [reason]
     out = _model_refusals(pf.target.model_spec)
-    spec, dp = pf.target.model_spec, plan.dp_for(pf.target.gpus)
+    # The search calls this per candidate: the shard degrees read here do not depend on the node size.
+    spec, layout = pf.target.model_spec, plan_layout(pf, plan, DEFAULT_GPUS_PER_NODE)
     if spec.mtp_layers:
         out.append(f"{spec.mtp_layers} MTP layer(s): torchtitan's {spec.name} config builds no MTP module and no "
                    "flag adds one; export to megatron")
@@ -137,7 +139,7 @@ def torchtitan_refusals(pf: PlanFile, plan: ParallelPlan) -> list[str]:
                    "ranks); use zero 2 or 3")
     if plan.zero == 0 and plan.zero_shard_size is not None:
         out.append("zero_shard_size with zero 0: nothing is sharded; drop it or use zero 2/3")
-    shard = 1 if plan.zero == 0 else plan.zero_shard_size or dp
+    shard = 1 if plan.zero == 0 else layout.dp_shard
     if plan.ep > 1 and (shard * plan.cp * plan.tp) % plan.ep:
         out.append(f"ep {plan.ep} must divide dp_shard·cp·tp = {shard}·{plan.cp}·{plan.tp} (torchtitan borrows "
                    "expert ranks from FSDP and TP); change ep or the sharding")
@@ -151,18 +153,18 @@ def torchtitan_refusals(pf: PlanFile, plan: ParallelPlan) -> list[str]:
     if plan.cp > 1 and plan.cp_comm_type != "allgather":
         out.append(f"cp_comm_type {plan.cp_comm_type}: torchtitan's context parallelism all-gathers K/V (torch's "
                    "default rotate method); plan cp_comm_type allgather")
-    if plan.recompute.mode == "full" and plan.recompute.num_layers is not None:
+    if plan.recompute.mode == RecomputeMode.FULL and plan.recompute.num_layers is not None:
         out.append(f"full recompute of {plan.recompute.num_layers} layers per stage: torchtitan checkpoints every "
                    "block or none; use full recompute of every layer")
     return out
 
 
-def _dp_args(plan: ParallelPlan, dp: int) -> list[str]:
+def _dp_args(plan: ParallelPlan, layout: Layout) -> list[str]:
     if plan.zero == 0:
-        replicate, shard, reshard = dp, 1, "default"
+        replicate, shard, reshard = layout.dp, 1, "default"
     else:
-        shard = plan.zero_shard_size or dp
-        replicate, reshard = dp // shard, "always" if plan.zero == 3 else "never"
+        shard, replicate = layout.dp_shard, layout.dp_replicate
+        reshard = "always" if plan.zero == 3 else "never"
     return ["--parallelism.data-parallel-replicate-degree", str(replicate),
             "--parallelism.data-parallel-shard-degree", str(shard),
             "--parallelism.fsdp-reshard-after-forward", reshard]
@@ -231,8 +233,9 @@ def torchtitan_args(pf: PlanFile, run_args: tuple[str, ...] = ()) -> list[str]:
     from autopar.export import framework_refusals  # the search's filter: one refusal function
 
     refuse("torchtitan", framework_refusals(pf.target.model_spec, pf.target.gpus, plan))
-    dp = plan.dp_for(pf.target.gpus)
-    args = ["--module", CONFIG_MODULE, "--config", CONFIG_FN, *_dp_args(plan, dp),
+    layout = plan_layout(pf, plan)
+    dp = layout.dp
+    args = ["--module", CONFIG_MODULE, "--config", CONFIG_FN, *_dp_args(plan, layout),
             "--parallelism.tensor-parallel-degree", str(plan.tp)]
     if plan.tp > 1:
         args.append("--parallelism.enable-sequence-parallel" if plan.sequence_parallel

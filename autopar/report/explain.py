@@ -27,8 +27,8 @@ none < selective < full, and the adjacent ZeRO stages the framework offers. Each
 `Explanation.to_dict()` keys (stable; the JSON of `autopar explain --json`):
 
     model, cluster, gpus, memory_margin, bottleneck_rank
-    plan                  autopar.api.plan_to_dict
-    estimate              autopar.api.estimate_to_dict
+    plan                  autopar.report.records.plan_to_dict
+    estimate              autopar.report.records.estimate_to_dict
     stage_time_s          [{rank, layers, compute, recompute, tp_comm, cp_comm, ep_comm, pp_comm,
                             dp_comm, bubble, optimizer, total}]           seconds per step
     stage_memory_bytes    [{rank, weights, gradients, optimizer, activations, fsdp_gathered,
@@ -47,12 +47,16 @@ from rich.console import Console
 from rich.table import Table
 from rich.text import Text
 
+from autopar.cost import step as step_model
+from autopar.cost.layout import check_layout, layout_violations
 from autopar.cost.params import CostParams
-from autopar.cost.step import Estimate, estimate
+from autopar.cost.step import DEFAULT_MEMORY_MARGIN, Estimate, estimate
 from autopar.hardware import Cluster
+from autopar.inputs import load_inputs
 from autopar.model.graph import ModelGraph
+from autopar.report.records import estimate_to_dict, plan_to_dict
 from autopar.report.tables import gib, seconds
-from autopar.schema.plan import FRAMEWORK_ZERO_STAGES, ParallelPlan, Recompute, plan_violations
+from autopar.schema.plan import FRAMEWORK_ZERO_STAGES, Framework, ParallelPlan, Recompute, RecomputeMode
 
 COMM_AXES = ("tp_comm", "cp_comm", "ep_comm")
 STEP_WIDE = ("pp_comm", "dp_comm", "optimizer")
@@ -66,8 +70,8 @@ TERM_LABELS = {
 }
 VERDICTS = ("invalid", "oom", "faster_unfit", "slower", "tie", "wins")
 _TIE_REL = 1e-9  # step times this close (relative) are a tie
-_RECOMPUTE_LADDER = ("none", "selective", "full")
-_SELECTIVE = Recompute(mode="selective", modules=("core_attn",))
+_RECOMPUTE_LADDER = tuple(RecomputeMode)
+_SELECTIVE = Recompute(mode=RecomputeMode.SELECTIVE, modules=("core_attn",))
 
 
 @dataclass(frozen=True, slots=True)
@@ -134,8 +138,6 @@ class Explanation:
 
     def to_dict(self) -> dict[str, Any]:
         """The stable JSON shape documented in the module docstring."""
-        from autopar.api import estimate_to_dict, plan_to_dict
-
         return {
             "model": self.model, "cluster": self.cluster, "gpus": self.gpus, "memory_margin": self.memory_margin,
             "bottleneck_rank": self.bottleneck_rank,
@@ -171,17 +173,13 @@ def _change(a: Alternative) -> dict[str, Any]:
 
 
 def explain(model: str, cluster: str, gpus: int, plan: ParallelPlan, cost_model: str | None = None,
-            memory_margin: float = 0.1) -> Explanation:
+            memory_margin: float = DEFAULT_MEMORY_MARGIN) -> Explanation:
     """Explain `plan` for `model` on `gpus` GPUs of `cluster`: per-stage time and memory, and the
     verdict on every neighbouring plan. Raises InvalidPlanError when `plan` itself is invalid."""
-    from autopar.api import load_cluster, load_model, resolve_cost_model, validate_plan_for
-
-    graph = load_model(model)
-    c = load_cluster(cluster, gpus)
-    validate_plan_for(graph, c, plan)
-    p = resolve_cost_model(c, cost_model)
+    graph, c, p = load_inputs(model, cluster, gpus, cost_model)
+    check_layout(plan, c, graph)
     est = estimate(graph, c, plan, p, memory_margin)
-    usable = est.memory_capacity_bytes * (1.0 - memory_margin)
+    usable = est.usable_memory_bytes
     return Explanation(
         model=model, cluster=cluster, gpus=gpus, plan=plan, estimate=est, memory_margin=memory_margin,
         stage_times=stage_times(est, rank_comm_s(graph, c, plan, p)),
@@ -195,14 +193,12 @@ def explain(model: str, cluster: str, gpus: int, plan: ParallelPlan, cost_model:
 def rank_comm_s(graph: ModelGraph, cluster: Cluster, plan: ParallelPlan, p: CostParams) -> list[dict[str, float]]:
     """Exposed tp/cp/ep communication seconds per step of each pipeline rank, by the cost model's
     own per-stage accounting (autopar.cost.step); the Estimate keeps it for the bottleneck only."""
-    from autopar.cost import step as step_model
-
     st = step_model.setup(graph, cluster, plan, p)
-    stages = step_model.assign_layers(graph, plan)
+    stages = step_model.assign_layers(graph, st.layout)
     costs = step_model.layer_costs(stages, st, cluster, p, plan)
     out = []
-    for r in range(plan.pp):
-        parts = [step_model.stage_time(stages[c * plan.pp + r], costs, plan)[3] for c in range(plan.vpp)]
+    for chunks in step_model.rank_chunks(stages, st.layout):
+        parts = [step_model.stage_time(chunk, costs, plan)[3] for chunk in chunks]
         out.append({k: st.m * sum(x[k] for x in parts) for k in COMM_AXES})
     return out
 
@@ -283,15 +279,15 @@ def recompute_steps(r: Recompute) -> list[Recompute]:
     level = _RECOMPUTE_LADDER.index(r.mode)
     out = []
     if level > 0:
-        out.append(Recompute(mode="none") if r.mode == "selective" else _SELECTIVE)
-    if r.mode == "full" and r.num_layers is not None:
-        out.append(Recompute(mode="full"))
+        out.append(Recompute(mode=RecomputeMode.NONE) if r.mode == RecomputeMode.SELECTIVE else _SELECTIVE)
+    if r.mode == RecomputeMode.FULL and r.num_layers is not None:
+        out.append(Recompute(mode=RecomputeMode.FULL))
     elif level < 2:
-        out.append(_SELECTIVE if r.mode == "none" else Recompute(mode="full"))
+        out.append(_SELECTIVE if r.mode == RecomputeMode.NONE else Recompute(mode=RecomputeMode.FULL))
     return out
 
 
-def zero_steps(zero: int, framework: str) -> list[int]:
+def zero_steps(zero: int, framework: Framework) -> list[int]:
     """The ZeRO stages next below and above `zero` that `framework` supports."""
     stages = FRAMEWORK_ZERO_STAGES[framework]
     lower = [z for z in stages if z < zero]
@@ -305,15 +301,12 @@ def zero_steps(zero: int, framework: str) -> list[int]:
 def judge(graph: ModelGraph, cluster: Cluster, p: CostParams, chosen: ParallelPlan, chosen_est: Estimate,
           name: str, axis: str, plan: ParallelPlan, memory_margin: float) -> Alternative:
     """Validate and score one neighbour, and say why it loses, fails or wins."""
-    s = graph.spec
-    problems = plan_violations(plan, num_gpus=cluster.num_gpus, num_layers=s.num_layers,
-                               num_heads=s.num_attention_heads, num_kv_heads=s.kv_heads,
-                               num_experts=s.moe.num_experts if s.moe else 0, gpus_per_node=cluster.gpus_per_node)
+    problems = layout_violations(plan, cluster, graph)
     if problems:
         reasons = tuple(x.split("; ")[0] for x in problems)
         return Alternative(name, axis, plan, "invalid", "; ".join(reasons), violations=reasons)
     est = estimate(graph, cluster, plan, p, memory_margin)
-    usable = est.memory_capacity_bytes * (1.0 - memory_margin)
+    usable = est.usable_memory_bytes
     verdict, reason = verdict_for(chosen_est, est, usable)
     fullest = max(est.stages, key=lambda row: row.memory_bytes)
     short = max(0.0, est.peak_memory_bytes - usable)

@@ -1,7 +1,7 @@
 """Sweep the GPU count, global batch or sequence length and find the best plan at each point, to
 see where scaling breaks.
 
-Each point runs the plan search (autopar.api.search_plans, top=1). A point where nothing fits, or
+Each point runs the plan search (autopar.search.search, top=1). A point where nothing fits, or
 where the inputs are invalid for that size (e.g. a GPU count that does not fill whole nodes), keeps
 the one-line reason and the sweep goes on. Lists given together are zipped (gpus 8,16,32 with
 global batch 32,64,128 is weak scaling); an axis not swept takes its base value.
@@ -10,7 +10,7 @@ Scaling efficiency of a point = its tokens/s/GPU ÷ that of the first point with
 perfect scaling; it falls where communication, bubbles or a forced change of layout start to cost.
 
 `SweepPoint.to_dict()` keys (stable): model, cluster, gpus, global_batch, seq_len, fits, reason,
-plan (autopar.api.plan_to_dict or null), estimate (autopar.api.estimate_to_dict or null),
+plan (autopar.report.records.plan_to_dict or null), estimate (autopar.report.records.estimate_to_dict or null),
 tokens_per_s, tokens_per_s_per_gpu, mfu (null without a plan), candidates, feasible, search_s.
 """
 
@@ -24,10 +24,13 @@ from rich.console import Console
 from rich.table import Table
 from rich.text import Text
 
-from autopar.cost.step import Estimate
+from autopar.cost.step import DEFAULT_MEMORY_MARGIN, Estimate
 from autopar.errors import AutoparError, SchemaError
+from autopar.hardware import load_profile
+from autopar.inputs import load_model
+from autopar.report.records import estimate_to_dict, plan_to_dict
 from autopar.report.tables import seconds
-from autopar.schema.plan import ParallelPlan
+from autopar.schema.plan import Framework, ParallelPlan, Precision, parse_assignments
 
 Progress = Callable[[str, int, int], None]  # ("sweep", points done, points in all)
 SWEPT = ("gpus", "global_batch", "seq_len")
@@ -70,8 +73,6 @@ class SweepPoint:
         return {"gpus": self.gpus, "global_batch": self.global_batch, "seq_len": self.seq_len}[axis]
 
     def to_dict(self) -> dict[str, Any]:
-        from autopar.api import estimate_to_dict, plan_to_dict
-
         return {
             "model": self.model, "cluster": self.cluster, "gpus": self.gpus, "global_batch": self.global_batch,
             "seq_len": self.seq_len, "fits": self.fits, "reason": self.reason,
@@ -127,24 +128,25 @@ def sweep_points(gpus_list: Sequence[int] | None, global_batch_list: Sequence[in
 def sweep(model: str, cluster: str, gpus_list: Sequence[int] | None = None,
           global_batch_list: Sequence[int] | None = None, seq_len_list: Sequence[int] | None = None, *,
           gpus: int | None = None, global_batch: int | None = None, seq_len: int | None = None,
-          framework: str = "megatron", precision: str = "bf16", fix: str | None = None,
+          framework: Framework = Framework.MEGATRON, precision: Precision = Precision.BF16, fix: str | None = None,
           memory_margin: float | None = None, cost_model: str | None = None, max_tp: int | None = None,
           progress: Progress | None = None) -> list[SweepPoint]:
     """The best plan (search top 1) at every point; `fix` is a --fix string ('tp=8,recompute=full').
     Unknown model or cluster names raise at once; a point's own failure is kept as its reason."""
-    from autopar.api import load_model, search_plans
-    from autopar.hardware import load_profile
+    from autopar.search import search  # the search is only needed once a sweep runs
 
     seq = seq_len or load_model(model).spec.seq_length
     load_profile(cluster)
+    margin = DEFAULT_MEMORY_MARGIN if memory_margin is None else memory_margin
     points = sweep_points(gpus_list, global_batch_list, seq_len_list, gpus, global_batch, seq)
     out = []
     for i, (g, gbs, s) in enumerate(points):
         if progress:
             progress("sweep", i, len(points))
         try:
-            r = search_plans(model, cluster, g, s, gbs, top=1, framework=framework, fix=fix, max_tp=max_tp,
-                             memory_margin=memory_margin, precision=precision, cost_model=cost_model)
+            r = search(model, cluster, g, s, gbs, top=1, framework=framework,
+                       fix=parse_assignments(fix) if fix else None, max_tp=max_tp, memory_margin=margin,
+                       precision=precision, cost_model=cost_model)
         except AutoparError as exc:
             out.append(SweepPoint(model, cluster, g, gbs, s, reason=str(exc)))
             continue

@@ -76,7 +76,7 @@ def print_estimate(console: Console, plan, est) -> None:
                   f"{est.tokens_per_s_per_gpu:,.1f} tokens/s/GPU   MFU {est.mfu:.1%}")
     console.print(f"model {est.model_tflops_per_gpu:.1f} TFLOP/s/GPU, hardware (with recompute) "
                   f"{est.hardware_tflops_per_gpu:.1f} TFLOP/s/GPU   peak memory {gib(est.peak_memory_bytes)} of "
-                  f"{gib(est.memory_capacity_bytes)}: {fits}")
+                  f"{usable_label(est)}: {fits}")
     t = Table(title="Time per step (bottleneck pipeline rank)")
     t.add_column("term")
     t.add_column("seconds", justify="right")
@@ -95,6 +95,12 @@ def print_estimate(console: Console, plan, est) -> None:
     console.print(s)
     for note in est.notes:
         console.print(f"[dim]{note}[/]")
+
+
+def usable_label(est) -> str:
+    """'72.0 GiB usable (80.0 GiB HBM, 10% kept free)': what "fits" is judged against."""
+    return (f"{gib(est.usable_memory_bytes)} usable ({gib(est.memory_capacity_bytes)} HBM, "
+            f"{est.memory_margin:.0%} kept free)")
 
 
 def _summary_row(t: Table, name: str, s: dict[str, float]) -> None:
@@ -153,7 +159,7 @@ def print_plans(console: Console, result) -> None:
     console.print(t)
     console.print(f"[dim]searched {result.candidates:,} candidates: {result.pruned:,} pruned by bounds, "
                   f"{result.scored:,} scored, {result.feasible:,} fit, {result.refined:,} refined by DP/ILP, "
-                  f"in {result.time_s:.2f} s[/]")
+                  f"in {result.time_s:.2f} s; fit = peak ≤ {usable_label(result.plans[0][1])}[/]")
     for note in getattr(result, "notes", []) or []:
         console.print(f"[yellow]{note}[/]")
     plan, est = result.plans[0]
@@ -171,8 +177,8 @@ def print_compare(console: Console, entries) -> None:
         name = label.rsplit("/", 1)[-1] if label.endswith(".json") else label
         t.add_column(("★ " if i == best else "") + name, justify="right", overflow="fold",
                      style="bold green" if i == best else "")
-    rows = [_plan_row(p, e) + ["yes" if e.fits else "NO"] for _, p, e in entries]
-    for j, col in enumerate(_PLAN_COLUMNS + ("fits",)):
+    rows = [_plan_row(p, e) + [gib(e.usable_memory_bytes), "yes" if e.fits else "NO"] for _, p, e in entries]
+    for j, col in enumerate(_PLAN_COLUMNS + ("usable", "fits")):
         values = [r[j] for r in rows]
         differs = len(set(values)) > 1
         t.add_row(f"[yellow]{col}[/]" if differs else col, *values)

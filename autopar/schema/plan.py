@@ -9,19 +9,54 @@ parameter-gather overlap on, TP communication overlap off.
 
 from __future__ import annotations
 
-from typing import Literal
+from enum import StrEnum
+from typing import Any, Literal
 
 from pydantic import BaseModel, ConfigDict, Field, model_validator
 
 from autopar.errors import InvalidPlanError
-from autopar.limits import MAX_GLOBAL_BATCH, MAX_GPUS, MAX_LAYERS, MAX_SEQ_LEN
+from autopar.limits import MAX_GLOBAL_BATCH, MAX_GPUS, MAX_LAYERS, MAX_SEQ_LEN, clip, clip_repr
 from autopar.schema.types import Count, Flag, Real
 
 PLAN_SCHEMA_VERSION = 1
 RECOMPUTE_MODULES = ("core_attn", "layernorm", "mlp", "moe", "moe_act", "shared_experts", "mla_up_proj")
-FRAMEWORKS = ("megatron", "deepspeed", "torchtitan")
+
+
+class Framework(StrEnum):
+    """The training framework a plan targets (its memory layout, limits and export format)."""
+
+    MEGATRON = "megatron"
+    DEEPSPEED = "deepspeed"
+    TORCHTITAN = "torchtitan"
+
+
+class Precision(StrEnum):
+    """Compute precision of the GEMMs."""
+
+    BF16 = "bf16"
+    FP8 = "fp8"
+
+
+class RecomputeMode(StrEnum):
+    """Activation recomputation: none, selective (listed modules), full (whole layers)."""
+
+    NONE = "none"
+    SELECTIVE = "selective"
+    FULL = "full"
+
+
+FRAMEWORKS = tuple(Framework)
 # Megatron: 2/3 are Megatron-FSDP (--data-parallel-sharding-strategy optim_grads / optim_grads_params)
-FRAMEWORK_ZERO_STAGES = {"megatron": (0, 1, 2, 3), "deepspeed": (0, 1, 2, 3), "torchtitan": (0, 2, 3)}
+FRAMEWORK_ZERO_STAGES = {Framework.MEGATRON: (0, 1, 2, 3), Framework.DEEPSPEED: (0, 1, 2, 3),
+                         Framework.TORCHTITAN: (0, 2, 3)}
+# ZeRO stage a user gets by naming only the framework: Megatron's distributed optimizer, DeepSpeed's
+# stage 1 (the optimizer-state partitioning Megatron-DeepSpeed uses), torchtitan's FSDP2 full shard.
+FRAMEWORK_DEFAULT_ZERO = {Framework.MEGATRON: 1, Framework.DEEPSPEED: 1, Framework.TORCHTITAN: 3}
+
+
+def default_zero(framework: str) -> int:
+    """The ZeRO stage of `framework` when the user does not name one (FRAMEWORK_DEFAULT_ZERO)."""
+    return FRAMEWORK_DEFAULT_ZERO[Framework(framework)]
 
 _FROZEN = ConfigDict(frozen=True, extra="forbid")
 
@@ -33,7 +68,7 @@ class Recompute(BaseModel):
 
     model_config = _FROZEN
 
-    mode: Literal["none", "selective", "full"] = Field("selective", description="none | selective | full.")
+    mode: RecomputeMode = Field(RecomputeMode.SELECTIVE, description="none | selective | full.")
     modules: tuple[str, ...] = Field(("core_attn",), description="Modules recomputed under selective.")
     num_layers: Count | None = Field(None, ge=0, le=MAX_LAYERS, description="Full: layers per virtual stage recomputed; None = all.")
 
@@ -45,9 +80,9 @@ class Recompute(BaseModel):
         return self
 
     def label(self) -> str:
-        if self.mode == "selective":
+        if self.mode == RecomputeMode.SELECTIVE:
             return "selective(" + "+".join(self.modules) + ")"
-        if self.mode == "full" and self.num_layers is not None:
+        if self.mode == RecomputeMode.FULL and self.num_layers is not None:
             return f"full({self.num_layers})"
         return self.mode
 
@@ -70,7 +105,7 @@ class ParallelPlan(BaseModel):
     zero_shard_size: Count | None = Field(None, ge=1, le=MAX_GPUS, description="Hybrid sharding group size; None = all of dp.")
     sp: Flag | None = Field(None, description="Sequence parallelism; None = on when tp > 1.")
     recompute: Recompute = Field(default_factory=Recompute, description="Activation recomputation.")
-    precision: Literal["bf16", "fp8"] = Field("bf16", description="Compute precision of the GEMMs.")
+    precision: Precision = Field(Precision.BF16, description="Compute precision of the GEMMs.")
     overlap_grad_reduce: Flag = Field(True, description="Overlap DP gradient reduction with backward.")
     overlap_param_gather: Flag = Field(True, description="Overlap ZeRO parameter all-gather with compute; "
                                        "when not given, on exactly when parameters are gathered (zero >= 1).")
@@ -86,7 +121,7 @@ class ParallelPlan(BaseModel):
     moe_capacity_factor: Real | None = Field(
         None, gt=0, description="Expert capacity factor (Megatron --moe-expert-capacity-factor); None = dropless. "
         "Tokens beyond capacity are dropped, so the busiest rank carries min(imbalance, capacity factor).")
-    framework: Literal["megatron", "deepspeed", "torchtitan"] = Field("megatron", description="Target framework.")
+    framework: Framework = Field(Framework.MEGATRON, description="Target framework.")
     layers_per_stage: tuple[Count, ...] | None = Field(
         None, description="Decoder layers per virtual stage (pp·vpp entries, in execution order); None = "
         "even, with any remainder taken off the first and last stages (they hold embedding and head).")
@@ -151,7 +186,7 @@ def plan_violations(plan: ParallelPlan, num_gpus: int, num_layers: int, num_head
                    "change the global batch, the micro batch or the degrees")
     if plan.vpp > 1 and plan.pp == 1:
         out.append(f"vpp {plan.vpp} needs pp > 1 (interleaving splits each pipeline rank); set vpp 1 or pp > 1")
-    if num_layers % (plan.pp * plan.vpp) and plan.framework == "deepspeed":
+    if num_layers % (plan.pp * plan.vpp) and plan.framework == Framework.DEEPSPEED:
         out.append(f"{num_layers} layers do not split evenly over pp·vpp = {plan.pp}·{plan.vpp}; "
                    f"{plan.framework} needs an even split")
     if plan.layers_per_stage is not None and (
@@ -203,10 +238,44 @@ def _framework_violations(plan: ParallelPlan, dp: int) -> list[str]:
         out.append(f"zero {plan.zero} is not available in {plan.framework} (it supports {stages}); pick one of those")
     if plan.zero_shard_size is not None and (plan.zero_shard_size > dp or dp % plan.zero_shard_size):
         out.append(f"zero shard size {plan.zero_shard_size} must divide dp {dp}; pick a divisor of {dp}")
-    if plan.framework == "deepspeed" and (plan.cp > 1 or plan.ep > 1 or plan.vpp > 1):
+    if plan.framework == Framework.DEEPSPEED and (plan.cp > 1 or plan.ep > 1 or plan.vpp > 1):
         out.append("deepspeed's engine has no cp, ep or interleaved pipeline; use megatron or set cp, ep, vpp to 1")
-    if plan.framework == "deepspeed" and plan.pp > 1 and plan.zero > 1:
+    if plan.framework == Framework.DEEPSPEED and plan.pp > 1 and plan.zero > 1:
         out.append("deepspeed pipeline parallelism works only with zero 0 or 1; lower zero or set pp 1")
+    return out
+
+
+_INT_AXES = ("tp", "pp", "dp", "cp", "ep", "etp", "vpp", "mbs", "zero")
+
+
+def parse_assignments(text: str, what: str = "--fix") -> dict[str, Any]:
+    """'tp=8,pp=16,mbs=1,recompute=full,sp=on' -> typed dict, with one-line errors. An axis given
+    twice is refused (not "the last wins")."""
+    out: dict[str, Any] = {}
+    for part in filter(None, (x.strip() for x in text.split(","))):
+        key, sep, value = part.partition("=")
+        key, value = key.strip(), value.strip()
+        if not sep or not value:
+            raise InvalidPlanError(f"{what} entry {clip_repr(part)} must look like axis=value, e.g. tp=8")
+        if key in out:
+            raise InvalidPlanError(f"{what} gives {clip(key)} twice; give each axis once")
+        if key in _INT_AXES:
+            if not (value.isascii() and value.isdigit()):
+                raise InvalidPlanError(f"{what} {key}={clip_repr(value)}: the value must be a whole number")
+            lowest = 0 if key == "zero" else 1
+            highest = {"zero": 3, "vpp": MAX_LAYERS, "mbs": MAX_GLOBAL_BATCH}.get(key, MAX_GPUS)
+            if not lowest <= int(value) <= highest:
+                raise InvalidPlanError(f"{what} {key}={clip(value)}: {key} must be from {lowest} to {highest:,}")
+            out[key] = int(value)
+        elif key == "sp":
+            if value.lower() not in ("on", "off", "true", "false", "1", "0"):
+                raise InvalidPlanError(f"{what} sp={clip_repr(value)}: use sp=on or sp=off")
+            out[key] = value.lower() in ("on", "true", "1")
+        elif key == "recompute":
+            out[key] = value
+        else:
+            raise InvalidPlanError(f"{what} names unknown axis {clip_repr(key)}; axes are {', '.join(_INT_AXES)}, sp, "
+                                   "recompute")
     return out
 
 

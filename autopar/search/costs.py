@@ -25,21 +25,23 @@ import numpy as np
 
 from autopar.cost import comm, memory
 from autopar.cost.layer import BF16_BYTES, layer_cost
+from autopar.cost.layout import Layout
 from autopar.cost.params import CostParams
+from autopar.cost.pipeline import pipeline_step_s
 from autopar.cost.step import (
-    pipeline_step_s,
+    assign_layers,
+    rank_chunks,
     rank_memory,
     setup,
     stage_activation_bytes,
     stage_params,
-    assign_layers,
-    stage_layer_counts,
+    usable_memory_bytes,
 )
 from autopar.hardware import Cluster
 from autopar.model.graph import ModelGraph
-from autopar.schema.plan import ParallelPlan, Recompute
+from autopar.schema.plan import ParallelPlan, Recompute, RecomputeMode
 
-MODES = ("none", "selective", "full")
+MODES = tuple(RecomputeMode)
 
 
 @dataclass(frozen=True)
@@ -72,7 +74,7 @@ class LayerTable:
 
 def split_key(plan: ParallelPlan) -> tuple:
     """What a layer's cost depends on; pp, vpp, zero and the recompute mode do not enter."""
-    modules = plan.recompute.modules if plan.recompute.mode == "selective" else ("core_attn",)
+    modules = plan.recompute.modules if plan.recompute.mode == RecomputeMode.SELECTIVE else ("core_attn",)
     return (plan.tp, plan.sequence_parallel, plan.cp, plan.ep, plan.expert_tp, plan.mbs, plan.seq_len,
             plan.precision, plan.tp_comm_overlap, modules)
 
@@ -112,9 +114,19 @@ class Pricer:
     def __init__(self, graph: ModelGraph, cluster: Cluster, p: CostParams) -> None:
         self.graph, self.cluster, self.p = graph, cluster, p
         self._key_to_table: dict[tuple, LayerTable] = {}
-        self._key_to_crosses: dict[tuple, bool] = {}
         self._key_to_states: dict[tuple, tuple[float, float]] = {}
         self._key_to_extremes: dict[tuple, list[float]] = {}
+        self._key_to_layout: dict[tuple, Layout] = {}
+
+    def layout(self, plan: ParallelPlan) -> Layout:
+        """The plan's Layout on this cluster (the one source of dp, shards, spans and the split),
+        cached by what a Layout depends on."""
+        key = (plan.tp, plan.pp, plan.cp, plan.ep, plan.expert_tp, plan.vpp, plan.mbs, plan.global_batch, plan.zero,
+               plan.zero_shard_size, plan.layers_per_stage, plan.framework)
+        layout = self._key_to_layout.get(key)
+        if layout is None:
+            layout = self._key_to_layout[key] = Layout.of(plan, self.cluster, self.graph)
+        return layout
 
     def table(self, plan: ParallelPlan) -> LayerTable:
         key = split_key(plan)
@@ -122,19 +134,13 @@ class Pricer:
             self._key_to_table[key] = layer_table(self.graph, self.cluster, plan, self.p)
         return self._key_to_table[key]
 
-    def _pp_crosses_nodes(self, plan: ParallelPlan) -> bool:
-        key = (plan.tp, plan.cp, plan.pp)
-        if key not in self._key_to_crosses:
-            self._key_to_crosses[key] = setup(self.graph, self.cluster, plan, self.p).pp_crosses_nodes
-        return self._key_to_crosses[key]
-
     def time_lower_bound_s(self, plan: ParallelPlan) -> float:
         """≤ estimate(plan).step_time_s: the estimate's own pipeline closed form over the exact
         per-rank forward + backward (+ recompute) sums, plus p2p; DP sync and optimizer left out."""
         ranks = self._rank_times(plan)
-        m = plan.num_microbatches(self.cluster.num_gpus)
-        pipe, _ = pipeline_step_s(ranks, [0.0] * len(ranks), m, plan.vpp, 0.0)
-        p2p = 2.0 * (plan.pp - 1) * self.table(plan).p2p_s[self._pp_crosses_nodes(plan)] if plan.pp > 1 else 0.0
+        layout = self.layout(plan)
+        p2p_s = self.table(plan).p2p_s[layout.pp_crosses_nodes] if plan.pp > 1 else 0.0
+        pipe, p2p = pipeline_step_s(ranks, [0.0] * len(ranks), layout.num_microbatches, plan.vpp, p2p_s)
         return pipe + p2p
 
     def group_bound_s(self, plan: ParallelPlan) -> float:
@@ -144,7 +150,7 @@ class Pricer:
         efficiencies saturate upward; fixed overheads and the launch floor amortize), so the
         largest micro batch gives the bound for the group."""
         per_seq = max(self._rank_times(plan)) / plan.mbs
-        return per_seq * plan.global_batch / plan.dp_for(self.cluster.num_gpus)
+        return per_seq * plan.global_batch / self.layout(plan).dp
 
     def _rank_times(self, plan: ParallelPlan) -> list[float]:
         """Forward + backward + recompute per microbatch of each pipeline rank. A full(K)
@@ -153,9 +159,9 @@ class Pricer:
         key = (split_key(plan), r.mode, r.num_layers, plan.pp, plan.vpp, plan.layers_per_stage)
         if key not in self._key_to_extremes:
             t = self.table(plan)
-            uniform = r.mode != "full" or r.num_layers is None
+            uniform = r.mode != RecomputeMode.FULL or r.num_layers is None
             prefix = np.concatenate(([0.0], np.cumsum(t.fb_s + (t.recompute_s[r.mode] if uniform else 0.0))))
-            counts = plan.layers_per_stage or stage_layer_counts(t.num_decoders, plan.pp * plan.vpp)
+            counts = self.layout(plan).stage_counts
             lo, hi = np.array(stage_bounds(len(t.fb_s), counts, int(np.argmax(t.is_decoder)))).T
             stage = prefix[hi] - prefix[lo]
             if not uniform:
@@ -175,27 +181,25 @@ class Pricer:
         return memory.with_overheads(states + saved, p.cuda_context_bytes, p.comm_buffer_bytes, p.fragmentation)
 
     def _state_bytes_per_param(self, plan: ParallelPlan) -> tuple[float, float]:
-        """Bytes of weights + grads + optimizer per local dense / expert parameter. The shard is the
-        cost model's DP group (dp·cp, `setup`'s dp_span); experts shard over the expert DP group (edp)."""
-        key = (plan.tp, plan.cp, plan.pp, plan.ep, plan.expert_tp, plan.zero, plan.zero_shard_size)
+        """Bytes of weights + grads + optimizer per local dense / expert parameter, sharded over the
+        layout's dense and expert ZeRO groups."""
+        key = (plan.tp, plan.cp, plan.pp, plan.ep, plan.expert_tp, plan.zero, plan.zero_shard_size, plan.framework)
         if key not in self._key_to_states:
-            st = setup(self.graph, self.cluster, plan, self.p)
-            shard = plan.zero_shard_size or st.dp_span.size
-            expert_shard = min(plan.zero_shard_size, st.edp) if plan.zero_shard_size else st.edp
-            fw = plan.framework
-            self._key_to_states[key] = (sum(memory.model_state_bytes(1.0, fw, plan.zero, shard).values()),
-                                        sum(memory.model_state_bytes(1.0, fw, plan.zero, expert_shard).values()))
+            self._key_to_states[key] = state_bytes_per_param(self.layout(plan), plan)
         return self._key_to_states[key]
 
     def memory_lower_bound_bytes(self, plan: ParallelPlan) -> float:
         """Peak of ranks 0 and pp − 1 by the estimate's own `rank_memory`: ≤ estimate's peak."""
         st = setup(self.graph, self.cluster, plan, self.p)
-        stages = assign_layers(self.graph, plan)
-        out = 0.0
-        for r in {0, plan.pp - 1}:
-            chunks = [stages[c * plan.pp + r] for c in range(plan.vpp)]
-            out = max(out, rank_memory(r, chunks, self.graph, plan, st, self.p)[0])
-        return out
+        chunks = rank_chunks(assign_layers(self.graph, st.layout), st.layout)
+        return max(rank_memory(r, chunks[r], self.graph, plan, st, self.p)[0] for r in {0, plan.pp - 1})
+
+
+def state_bytes_per_param(layout: Layout, plan: ParallelPlan) -> tuple[float, float]:
+    """(dense, expert) bytes of weights + grads + optimizer per local parameter: the estimate's
+    `memory.model_state_bytes` over the layout's dense and expert ZeRO shard sizes."""
+    return (sum(memory.model_state_bytes(1.0, plan.framework, plan.zero, layout.dense_shard).values()),
+            sum(memory.model_state_bytes(1.0, plan.framework, plan.zero, layout.expert_shard).values()))
 
 
 @dataclass(frozen=True)
@@ -217,27 +221,21 @@ class StageMemoryModel:
 
 def stage_memory_model(graph: ModelGraph, cluster: Cluster, plan: ParallelPlan, p: CostParams,
                        memory_margin: float) -> StageMemoryModel:
-    """The linear memory model of a plan's ranks (matches `rank_memory` for ZeRO < 3, tested)."""
-    st = setup(graph, cluster, plan, p)
-    shard = plan.zero_shard_size or st.dp * plan.cp
-    per_dense = sum(memory.model_state_bytes(1.0, plan.framework, plan.zero, shard).values())
-    per_expert = sum(memory.model_state_bytes(1.0, plan.framework, plan.zero, min(shard, st.edp)).values())
-    cap = cluster.hbm_bytes * (1.0 - memory_margin)
+    """The linear memory model of a plan's ranks (equals `rank_memory` for ZeRO < 3, tested on every
+    candidate of MoE spaces); shards, in-flight counts and the tied copy are the plan's Layout."""
+    layout = Layout.of(plan, cluster, graph)
+    per_dense, per_expert = state_bytes_per_param(layout, plan)
+    cap = usable_memory_bytes(cluster.hbm_bytes, memory_margin)
     usable = (cap - p.cuda_context_bytes - p.comm_buffer_bytes) / (1.0 + p.fragmentation)
-    tied = graph.spec.tie_embeddings and plan.pp > 1 and plan.framework == "megatron"
-    extra = per_dense * graph.layers[0].params_tp / plan.tp if tied else 0.0
-    if plan.vpp > 1:
-        inflight = tuple(memory.inflight_chunks_interleaved(plan.pp, plan.vpp, r, st.m) for r in range(plan.pp))
-    else:
-        inflight = tuple(memory.inflight_microbatches_1f1b(plan.pp, r, st.m) for r in range(plan.pp))
-    return StageMemoryModel(per_dense, per_expert, inflight, usable, extra)
+    extra = per_dense * graph.layers[0].params_tp / plan.tp if layout.tied_embedding_copy else 0.0
+    return StageMemoryModel(per_dense, per_expert, layout.inflight, usable, extra)
 
 
 def stage_inputs(table: LayerTable, mem: StageMemoryModel, plan: ParallelPlan):
     """The DP's arrays for a vpp = 1 plan whose recompute mode applies to every decoder."""
     from autopar.search.partition import StageInputs
 
-    mode = "full" if plan.recompute.mode == "full" else plan.recompute.mode
+    mode = plan.recompute.mode
     return StageInputs(
         time_s=table.fb_s + table.recompute_s[mode],
         state_bytes=mem.state_per_dense * table.params_dense + mem.state_per_expert * table.params_expert,

@@ -28,20 +28,21 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 
 from autopar.cost.params import CostParams
-from autopar.cost.step import Estimate, estimate, stage_layer_counts
+from autopar.cost.step import DEFAULT_MEMORY_MARGIN, Estimate, estimate, usable_memory_bytes
 from autopar.errors import NoFeasiblePlanError
 from autopar.hardware import Cluster
+from autopar.inputs import load_cluster, load_model, resolve_cost_model
 from autopar.model.graph import ModelGraph
-from autopar.schema.plan import FRAMEWORK_ZERO_STAGES, ParallelPlan, Recompute
+from autopar.schema.plan import FRAMEWORK_ZERO_STAGES, Framework, ParallelPlan, Precision, Recompute, RecomputeMode
 from autopar.search.costs import Pricer, stage_inputs, stage_memory_model
 from autopar.search.ilp import recompute_problem, solve_recompute
 from autopar.search.partition import partition_layers
-from autopar.search.space import DEFAULT_MEMORY_MARGIN, SpaceSpec, candidates, plan_problems, space_spec_for
+from autopar.search.space import SpaceSpec, candidates, plan_problems, space_spec_for
 from autopar.units import GiB
 
 Progress = Callable[[str, int, int], None]  # (phase, done, total); phases: score, refine
 REFINE_POOL = 16  # candidates (at least `top`) handed to the DP and the ILP
-_MODE_ORDER = {"none": 0, "selective": 1, "full": 2}
+_MODE_ORDER = {RecomputeMode.NONE: 0, RecomputeMode.SELECTIVE: 1, RecomputeMode.FULL: 2}
 
 
 @dataclass
@@ -107,8 +108,9 @@ class _Walk:
 
 
 def search(model: str, cluster: str, gpus: int, seq_len: int, global_batch: int, *, top: int = 5,
-           framework: str = "megatron", fix: dict | None = None, max_tp: int | None = None,
-           memory_margin: float = DEFAULT_MEMORY_MARGIN, precision: str = "bf16", cost_model: str | None = None,
+           framework: Framework = Framework.MEGATRON, fix: dict | None = None, max_tp: int | None = None,
+           memory_margin: float = DEFAULT_MEMORY_MARGIN, precision: Precision = Precision.BF16,
+           cost_model: str | None = None,
            progress: Progress | None = None, refine: bool = True) -> SearchResult:
     """The `top` fastest plans of `model` on `gpus` GPUs of `cluster` that fit in memory with
     `memory_margin` of HBM kept free (default 0.1: allocator spikes and NCCL growth no model sees).
@@ -117,8 +119,6 @@ def search(model: str, cluster: str, gpus: int, seq_len: int, global_batch: int,
     precision and framework are the user's choice, not searched. Raises NoFeasiblePlanError, with
     the smallest memory shortfall and the fixes, when no plan fits, and when `fix` leaves no valid
     plan (quoting the validator)."""
-    from autopar.api import load_cluster, load_model, resolve_cost_model
-
     graph = load_model(model)
     c = load_cluster(cluster, gpus)
     p = resolve_cost_model(c, cost_model)
@@ -134,7 +134,7 @@ def search_graph(graph: ModelGraph, cluster: Cluster, p: CostParams, spec: Space
     start = time.perf_counter()
     plans = candidates(spec)
     pricer = Pricer(graph, cluster, p)
-    walk = _Walk(top=top, capacity_bytes=cluster.hbm_bytes * (1.0 - memory_margin))
+    walk = _Walk(top=top, capacity_bytes=usable_memory_bytes(cluster.hbm_bytes, memory_margin))
     _branch_and_bound(plans, pricer, walk, memory_margin, progress)
     if refine:
         _refine(spec, pricer, walk, memory_margin, progress)
@@ -154,7 +154,7 @@ def refine_plan(graph: ModelGraph, cluster: Cluster, p: CostParams, plan: Parall
     spec = space_spec_for(graph, cluster, plan.seq_len, plan.global_batch, framework=plan.framework,
                           precision=plan.precision, fix=fix)
     pricer = Pricer(graph, cluster, p)
-    walk = _Walk(top=8, capacity_bytes=cluster.hbm_bytes * (1.0 - memory_margin))
+    walk = _Walk(top=8, capacity_bytes=usable_memory_bytes(cluster.hbm_bytes, memory_margin))
     for variant in _variants(spec, pricer, plan, memory_margin):
         _score_refined(spec, pricer, walk, variant, memory_margin)
     return [(x, est) for _, _, x, est in walk.best]
@@ -226,7 +226,7 @@ def _refine(spec: SpaceSpec, pricer: Pricer, walk: _Walk, memory_margin: float, 
     """DP partition (vpp = 1, pp > 1) and ILP recompute on the best visited candidates (by bound)
     that could fit with full recompute and whose no-recompute bound can still beat the K-th best."""
     if walk.best:
-        pool = [x for _, _, x in walk.visited if x.recompute.mode != "full"]
+        pool = [x for _, _, x in walk.visited if x.recompute.mode != RecomputeMode.FULL]
     else:  # nothing fits yet: try the candidates closest to fitting
         pool = [x for _, _, x, _ in sorted(walk.shortfalls, key=lambda t: (t[0], t[1]))]
     limit, done = max(REFINE_POOL, walk.top), 0
@@ -245,10 +245,10 @@ def _refine(spec: SpaceSpec, pricer: Pricer, walk: _Walk, memory_margin: float, 
 def _worth_refining(plan: ParallelPlan, pricer: Pricer, walk: _Walk) -> bool:
     """Its bound without recompute beats the K-th best, and its first and last ranks fit with full
     recompute of every layer (the least memory any recompute choice reaches)."""
-    none = plan.model_copy(update={"recompute": Recompute(mode="none")})
+    none = plan.model_copy(update={"recompute": Recompute(mode=RecomputeMode.NONE)})
     if pricer.time_lower_bound_s(none) > walk.kth_s:
         return False
-    full = plan.model_copy(update={"recompute": Recompute(mode="full")})
+    full = plan.model_copy(update={"recompute": Recompute(mode=RecomputeMode.FULL)})
     return (pricer.quick_memory_lower_bound_bytes(full) <= walk.capacity_bytes
             and pricer.memory_lower_bound_bytes(full) <= walk.capacity_bytes)
 
@@ -259,7 +259,8 @@ def _variants(spec: SpaceSpec, pricer: Pricer, plan: ParallelPlan, memory_margin
     table = pricer.table(plan)
     mem = stage_memory_model(graph, cluster, plan, p, memory_margin)
     out = []
-    default = stage_layer_counts(graph.spec.num_layers, plan.pp * plan.vpp)
+    layout = pricer.layout(plan)
+    default = layout.default_stage_counts
     counts = default
     if plan.vpp == 1 and plan.pp > 1:
         part = partition_layers(stage_inputs(table, mem, plan))
@@ -267,7 +268,7 @@ def _variants(spec: SpaceSpec, pricer: Pricer, plan: ParallelPlan, memory_margin
             counts = part.counts
             out.append(plan.model_copy(update={"layers_per_stage": counts}))
     if "recompute" not in spec.fix:
-        problem = recompute_problem(table, mem, counts, plan.pp, plan.vpp, plan.num_microbatches(cluster.num_gpus))
+        problem = recompute_problem(table, mem, counts, plan.pp, plan.vpp, layout.num_microbatches)
         try:
             solution = solve_recompute(problem)
         except NoFeasiblePlanError:
@@ -281,7 +282,7 @@ def _score_refined(spec: SpaceSpec, pricer: Pricer, walk: _Walk, plan: ParallelP
     """Price a refined plan; a mapped full(K) that the estimate finds over memory gets K raised."""
     if plan_problems(spec, plan) or plan_key(plan) in walk.seen:
         return
-    max_k = max(plan.layers_per_stage or stage_layer_counts(spec.num_layers, plan.pp * plan.vpp))
+    max_k = max(pricer.layout(plan).stage_counts)
     while True:
         est = estimate(pricer.graph, pricer.cluster, plan, pricer.p, memory_margin)
         walk.refined += 1
@@ -289,7 +290,7 @@ def _score_refined(spec: SpaceSpec, pricer: Pricer, walk: _Walk, plan: ParallelP
             walk.add(plan, est)
             return
         r = plan.recompute
-        if r.mode != "full" or r.num_layers is None or r.num_layers >= max_k:
+        if r.mode != RecomputeMode.FULL or r.num_layers is None or r.num_layers >= max_k:
             return
         plan = plan.model_copy(update={"recompute": r.model_copy(update={"num_layers": r.num_layers + 1})})
 
@@ -315,11 +316,11 @@ def _nothing_fits_message(spec: SpaceSpec, pricer: Pricer, walk: _Walk, memory_m
     more = (f"use more GPUs: at least {need:,} (memory per GPU falls at best in proportion to the GPU count)" if need else
             "a GPU with more memory (the per-GPU buffers alone exceed the usable memory)")
     fixes = [more, "a shorter sequence or smaller global batch"]
-    if plan.recompute.mode != "full" or plan.recompute.num_layers is not None:
+    if plan.recompute.mode != RecomputeMode.FULL or plan.recompute.num_layers is not None:
         fixes.append("full recompute (fix recompute=full)")
     higher = [z for z in FRAMEWORK_ZERO_STAGES[spec.framework] if z > plan.zero]
     fixes.append(f"ZeRO {higher[-1]}" if higher else
-                 "a framework with ZeRO 3 (deepspeed, torchtitan)" if spec.framework == "megatron" else "")
+                 "a framework with ZeRO 3 (deepspeed, torchtitan)" if spec.framework == Framework.MEGATRON else "")
     if memory_margin > 0:
         fixes.append(f"a memory margin below {memory_margin:g}")
     return (f"no plan fits: with {cap_gib:.1f} GiB usable on each of {spec.num_gpus} GPUs ({memory_margin:.0%} "

@@ -185,19 +185,24 @@ def _infeasible_message(pb: RecomputeProblem) -> str:
             "use more GPUs (higher pp or tp), a smaller micro batch or global batch, or a higher ZeRO stage")
 
 
+def stage_memory_scaled(pb: RecomputeProblem, r: int, full: int, selective: int) -> int:
+    """vpp × the allocated bytes of stage r with `full` and `selective` recomputed layers, exactly as
+    the memory constraint counts them: vpp·(state + work) + inflight · saved (integers, no rounding)."""
+    n = pb.layers[r] - full - selective
+    work = max(pb.work_full_bytes[r] if full else 0, pb.work_sel_bytes[r] if selective else 0)
+    saved = pb.fixed_saved_bytes[r] + full * pb.full_bytes[r] + selective * pb.sel_bytes[r] + n * pb.none_bytes[r]
+    return pb.vpp * (pb.state_bytes[r] + work) + pb.inflight[r] * saved
+
+
 def objective_ns(pb: RecomputeProblem, full: tuple[int, ...], selective: tuple[int, ...]) -> int | None:
     """The objective of a choice, or None when some stage does not fit (for brute force)."""
     times = []
     for r in range(pb.stages):
         f, s = full[r], selective[r]
-        n = pb.layers[r] - f - s
-        if n < 0:
+        if pb.layers[r] - f - s < 0:
             return None
-        work = max(pb.work_full_bytes[r] if f else 0, pb.work_sel_bytes[r] if s else 0)
-        k, v = pb.inflight[r], pb.vpp
-        mem = v * (pb.state_bytes[r] + work) + k * (pb.fixed_saved_bytes[r] + f * pb.full_bytes[r]
-                                                    + s * pb.sel_bytes[r] + n * pb.none_bytes[r])
-        if mem > v * pb.usable_bytes:
+        mem = stage_memory_scaled(pb, r, f, s)
+        if mem > pb.vpp * pb.usable_bytes:
             return None
         times.append(pb.base_ns[r] + f * pb.full_ns[r] + s * pb.sel_ns[r])
     return (pb.vpp * pb.num_microbatches - 1) * max(times) + sum(times)

@@ -26,21 +26,22 @@ from collections.abc import Iterator
 from dataclasses import dataclass, field
 from typing import Any
 
+from autopar.cost.step import DEFAULT_MEMORY_MARGIN  # noqa: F401 (re-exported: the one margin)
 from autopar.errors import InvalidPlanError, NoFeasiblePlanError
 from autopar.limits import MAX_EXPERTS, MAX_GLOBAL_BATCH, MAX_GPUS, MAX_HEADS, MAX_SEQ_LEN, clip
-from autopar.schema.plan import FRAMEWORK_ZERO_STAGES, ParallelPlan, Recompute, plan_violations
+from autopar.schema.plan import FRAMEWORK_ZERO_STAGES, Framework, ParallelPlan, Precision, Recompute, RecomputeMode, \
+    plan_violations
 
 AXES = ("tp", "pp", "dp", "cp", "ep", "etp", "vpp", "mbs", "zero", "sp", "recompute")
 RECOMPUTE_CHOICES = {
-    "none": Recompute(mode="none"),
-    "selective": Recompute(mode="selective", modules=("core_attn",)),
-    "full": Recompute(mode="full"),
+    RecomputeMode.NONE: Recompute(mode=RecomputeMode.NONE),
+    RecomputeMode.SELECTIVE: Recompute(mode=RecomputeMode.SELECTIVE, modules=("core_attn",)),
+    RecomputeMode.FULL: Recompute(mode=RecomputeMode.FULL),
 }
 # Ring attention hides its K/V exchange behind attention only when each rank keeps enough of the
 # sequence (Liu et al. 2023); Llama 3 ran cp16 at 131k tokens, 8k per rank. Below 1k per rank the
 # exchange dominates, so such cp are not generated (a pinned cp is still tried).
 MIN_TOKENS_PER_CP_RANK = 1024
-DEFAULT_MEMORY_MARGIN = 0.1  # fraction of HBM kept free for what no model sees (allocator spikes, NCCL growth)
 # A space with more raw plans than this is refused before any plan is built (count_raw_candidates), so
 # a search's time and memory are bounded by construction. About twice the largest realistic space:
 # DeepSeek-V3 on 2,048 H800 at its published global batch of 15,360 sequences has 261,504 (ZeRO
@@ -61,8 +62,8 @@ class SpaceSpec:
     num_experts: int
     seq_len: int
     global_batch: int
-    framework: str = "megatron"
-    precision: str = "bf16"
+    framework: Framework = Framework.MEGATRON
+    precision: Precision = Precision.BF16
     fix: dict[str, Any] = field(default_factory=dict)
     max_tp: int | None = None
     model_spec: Any = None  # the ModelSpec, for the target framework's expressibility rules
@@ -72,13 +73,13 @@ class SpaceSpec:
                     num_kv_heads=self.num_kv_heads, num_experts=self.num_experts, gpus_per_node=self.gpus_per_node)
 
 
-def space_spec_for(graph, cluster, seq_len: int, global_batch: int, *, framework: str = "megatron",
-                   precision: str = "bf16", fix: dict | None = None, max_tp: int | None = None) -> SpaceSpec:
+def space_spec_for(graph, cluster, seq_len: int, global_batch: int, *, framework: str = Framework.MEGATRON,
+                   precision: str = Precision.BF16, fix: dict | None = None, max_tp: int | None = None) -> SpaceSpec:
     s = graph.spec
     return SpaceSpec(num_gpus=cluster.num_gpus, gpus_per_node=cluster.gpus_per_node, num_layers=s.num_layers,
                      num_heads=s.num_attention_heads, num_kv_heads=s.kv_heads,
                      num_experts=s.moe.num_experts if s.moe else 0, seq_len=seq_len, global_batch=global_batch,
-                     framework=framework, precision=precision, fix=normalize_fix(fix or {}), max_tp=max_tp,
+                     framework=Framework(framework), precision=Precision(precision), fix=normalize_fix(fix or {}), max_tp=max_tp,
                      model_spec=s)
 
 
@@ -207,7 +208,7 @@ def framework_split(spec: SpaceSpec, pp: int, vpp: int) -> tuple[int, ...] | Non
     torchtitan's (embedding and head weighed as one layer each); None = the default split."""
     if spec.framework != "torchtitan" or pp == 1:
         return None
-    from autopar.cost.step import stage_layer_counts
+    from autopar.cost.layout import stage_layer_counts
     from autopar.export.torchtitan import torchtitan_layer_counts
 
     counts = torchtitan_layer_counts(spec.num_layers, pp * vpp)
@@ -229,7 +230,7 @@ def count_raw_candidates(spec: SpaceSpec) -> int:
 
 # How each framework exchanges K/V under context parallelism: Megatron's ring (p2p) by default,
 # torchtitan all-gathers K/V (torch's context_parallel), DeepSpeed has no CP.
-_CP_COMM_TYPE = {"megatron": "p2p", "deepspeed": "p2p", "torchtitan": "allgather"}
+_CP_COMM_TYPE = {Framework.MEGATRON: "p2p", Framework.DEEPSPEED: "p2p", Framework.TORCHTITAN: "allgather"}
 
 
 def candidates(spec: SpaceSpec) -> list[ParallelPlan]:

@@ -123,13 +123,18 @@ def _violations(plan: ParallelPlan, run: MeasuredRun, graph: ModelGraph) -> list
                            num_kv_heads=s.kv_heads, num_experts=s.moe.num_experts if s.moe else 0)
 
 
+# A measured run did run: its memory is judged against the whole HBM. The planning margin
+# (autopar.cost.step.DEFAULT_MEMORY_MARGIN) reserves room for what no model sees in a plan not yet run.
+MEASURED_RUN_MARGIN = 0.0
+
+
 def predict(run: MeasuredRun, p: CostParams) -> Prediction | None:
     """The fastest fitting candidate's tokens/s/GPU (or the fastest overall if none fits)."""
     graph = _graph_for(run)
     cluster = _cluster_for(run.cluster, run.num_gpus)
     best = None
     for plan in candidate_plans(run, graph):
-        e = estimate(graph, cluster, plan, p)
+        e = estimate(graph, cluster, plan, p, MEASURED_RUN_MARGIN)
         key = (e.fits, e.tokens_per_s_per_gpu)
         if best is None or key > best[0]:
             best = (key, plan)

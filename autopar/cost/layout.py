@@ -1,0 +1,194 @@
+"""A plan placed on a cluster: the one owner of every quantity that follows from the degrees and the
+GPU count — dp, expert dp, the dense and expert ZeRO shard sizes, the span of every process group
+on the real ranks, the microbatch count, the in-flight microbatches of each pipeline rank, which
+virtual stages a pipeline rank holds, and the layer split. The estimate, the search's tables and
+bounds, explain and the exporters read a `Layout`; nothing else derives these numbers (torchtitan's
+`ParallelDims` is the model: one object derives every group size from the degrees).
+
+Rank order is Megatron's (`megatron.core.parallel_state`, order "tp-cp-ep-dp-pp"): tp fastest, then
+cp, then dp for dense weights; experts re-slice the same ranks as etp, ep, edp, then pp. So
+
+    dp  = gpus / (tp · pp · cp)         edp = gpus / (etp · ep · pp)   (expert data-parallel group)
+    dense gradients are reduced and the distributed optimizer shards over the dp·cp ranks holding
+    the same dense weights (Megatron's data-parallel group "with context parallel"), stride tp;
+    expert weights are replicated over edp ranks only, stride etp · ep.
+
+A hybrid-sharded plan (`zero_shard_size` k, in dp ranks) keeps dp/k replicas of the sharded state
+(Megatron --num-distributed-optimizer-instances dp/k; torchtitan HSDP dp_replicate = dp/k,
+dp_shard = k): dense states shard over k·cp ranks, expert states over edp/(dp/k) ranks. Validation is not repeated here: see `autopar.schema.plan.plan_violations` (and
+`check_layout` for a plan against a loaded model and cluster).
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass
+from functools import cached_property
+
+from autopar.cost import comm, memory
+from autopar.cost.layer import Spans
+from autopar.hardware import Cluster
+from autopar.model.graph import ModelGraph
+from autopar.errors import InvalidPlanError
+from autopar.schema.plan import Framework, ParallelPlan, plan_violations
+
+
+def stage_layer_counts(num_layers: int, stages: int) -> tuple[int, ...]:
+    """Even split; a remainder goes to the middle stages so the first and last (which also hold
+    the embedding and the head) get fewer — Llama 3's 405B layout (Dubey et al. 2024 §3.3.2)."""
+    q, r = divmod(num_layers, stages)
+    counts = [q] * stages
+    order = list(range(1, stages - 1)) + [0, stages - 1] if stages > 2 else list(range(stages))
+    for i in order[:r]:
+        counts[i] += 1
+    return tuple(counts)
+
+
+@dataclass(frozen=True)
+class Layout:
+    """Degrees of one plan on `num_gpus` GPUs, and every size, shard, span and count derived from
+    them (cached properties: the search builds thousands of layouts and reads a few of each)."""
+
+    num_gpus: int
+    num_layers: int  # decoder layers of the model
+    gpus_per_node: int  # the node's NVLink domain (group spans are placed on it)
+    tp: int
+    pp: int
+    cp: int
+    ep: int
+    etp: int
+    vpp: int
+    dp: int
+    num_microbatches: int  # per step per pipeline: global batch / (dp · mbs)
+    dp_shard: int  # data-parallel ranks one sharded copy spans: zero_shard_size, else dp
+    zero: int
+    layers_per_stage: tuple[int, ...] | None  # the plan's own split, if any
+    tied_embedding_copy: bool  # the last pipeline rank also holds the word embedding (Megatron, tied, pp > 1)
+
+    @classmethod
+    def of(cls, plan: ParallelPlan, cluster: Cluster, graph: ModelGraph) -> "Layout":
+        """The layout of `plan` on `cluster` for `graph` (the plan is assumed valid)."""
+        return cls.build(plan, cluster.num_gpus, cluster.gpus_per_node, graph.spec.num_layers,
+                         graph.spec.tie_embeddings)
+
+    @classmethod
+    def build(cls, plan: ParallelPlan, num_gpus: int, gpus_per_node: int, num_layers: int,
+              tie_embeddings: bool = False) -> "Layout":
+        """The layout from plain numbers (exporters have a plan file, not a loaded cluster)."""
+        dp = plan.dp_for(num_gpus)
+        return cls(num_gpus=num_gpus, num_layers=num_layers, gpus_per_node=gpus_per_node, tp=plan.tp, pp=plan.pp,
+                   cp=plan.cp, ep=plan.ep, etp=plan.expert_tp, vpp=plan.vpp, dp=dp,
+                   num_microbatches=plan.num_microbatches(num_gpus), dp_shard=plan.zero_shard_size or dp,
+                   zero=plan.zero, layers_per_stage=plan.layers_per_stage,
+                   tied_embedding_copy=tie_embeddings and plan.pp > 1 and plan.framework == Framework.MEGATRON)
+
+    @cached_property
+    def edp(self) -> int:
+        """Expert data-parallel size: gpus / (etp · ep · pp)."""
+        return max(self.num_gpus // (self.etp * self.ep * self.pp), 1)
+
+    @cached_property
+    def dp_replicate(self) -> int:
+        """Copies of the sharded state: dp / dp_shard (HSDP replicas, Megatron optimizer instances)."""
+        return max(self.dp // self.dp_shard, 1)
+
+    @cached_property
+    def dense_shard(self) -> int:
+        """Ranks the dense ZeRO state is sharded over: dp_shard · cp."""
+        return self.dp_shard * self.cp
+
+    @cached_property
+    def expert_shard(self) -> int:
+        """Ranks the expert ZeRO state is sharded over: edp / dp_replicate."""
+        return max(self.edp // self.dp_replicate, 1)
+
+    @cached_property
+    def stage_counts(self) -> tuple[int, ...]:
+        """Decoder layers per virtual stage in execution order (pp·vpp entries): the plan's, or the default."""
+        return self.layers_per_stage or self.default_stage_counts
+
+    @cached_property
+    def inflight(self) -> tuple[int, ...]:
+        """Microbatches (1F1B) or model chunks (interleaved) in flight on each pipeline rank at its peak."""
+        pp, m = self.pp, self.num_microbatches
+        if self.vpp > 1:
+            return tuple(memory.inflight_chunks_interleaved(pp, self.vpp, r, m) for r in range(pp))
+        return tuple(memory.inflight_microbatches_1f1b(pp, r, m) for r in range(pp))
+
+    @cached_property
+    def tp_span(self) -> comm.GroupSpan:
+        return comm.group_span(self.tp, 1, self.gpus_per_node)
+
+    @cached_property
+    def cp_span(self) -> comm.GroupSpan:
+        return comm.group_span(self.cp, self.tp, self.gpus_per_node)
+
+    @cached_property
+    def ep_span(self) -> comm.GroupSpan:
+        return comm.group_span(self.ep, self.etp, self.gpus_per_node)
+
+    @cached_property
+    def etp_span(self) -> comm.GroupSpan:
+        return comm.group_span(self.etp, 1, self.gpus_per_node)
+
+    @cached_property
+    def dp_span(self) -> comm.GroupSpan:
+        """The dense gradient / ZeRO group: dp·cp ranks at stride tp."""
+        return comm.group_span(self.dp * self.cp, self.tp, self.gpus_per_node)
+
+    @cached_property
+    def edp_span(self) -> comm.GroupSpan:
+        """The expert gradient / ZeRO group: edp ranks at stride etp·ep."""
+        return comm.group_span(self.edp, self.etp * self.ep, self.gpus_per_node)
+
+    @cached_property
+    def pp_crosses_nodes(self) -> bool:
+        """Pipeline neighbours sit tp·cp·dp ranks apart: in different nodes once that fills a node."""
+        return self.tp * self.cp * self.dp >= self.gpus_per_node and self.num_gpus > self.gpus_per_node
+
+    @property
+    def default_stage_counts(self) -> tuple[int, ...]:
+        """autopar's default split of the decoders over pp·vpp virtual stages (stage_layer_counts)."""
+        return stage_layer_counts(self.num_layers, self.pp * self.vpp)
+
+    @property
+    def layer_spans(self) -> Spans:
+        """The spans a layer's tp / cp / ep / etp communication runs on."""
+        return Spans(tp=self.tp_span, cp=self.cp_span, ep=self.ep_span, etp=self.etp_span)
+
+    @property
+    def dense_optimizer_shard(self) -> int:
+        """Ranks that split the dense optimizer step: the ZeRO group when ZeRO ≥ 1, else 1."""
+        return self.dense_shard if self.zero >= 1 else 1
+
+    @property
+    def expert_optimizer_shard(self) -> int:
+        """Ranks that split the expert optimizer step: the expert ZeRO group when ZeRO ≥ 1, else 1."""
+        return self.expert_shard if self.zero >= 1 else 1
+
+    def rank_stages(self, rank: int) -> tuple[int, ...]:
+        """Virtual-stage indices pipeline rank `rank` holds, in execution order (Megatron's
+        interleaving: chunk c of rank r is virtual stage c·pp + r)."""
+        return tuple(c * self.pp + rank for c in range(self.vpp))
+
+    @property
+    def launch_shape(self) -> tuple[int, int]:
+        """(GPUs per node, nodes) a launcher starts: the node size capped at the GPU count."""
+        per_node = min(self.gpus_per_node, self.num_gpus)
+        return per_node, math.ceil(self.num_gpus / per_node)
+
+
+def layout_violations(plan: ParallelPlan, cluster: Cluster, graph: ModelGraph) -> list[str]:
+    """Every broken invariant of `plan` on `cluster` for `graph`, each naming its factors and the fix
+    (autopar.schema.plan.plan_violations); empty = the plan can be laid out."""
+    s = graph.spec
+    return plan_violations(plan, num_gpus=cluster.num_gpus, num_layers=s.num_layers, num_heads=s.num_attention_heads,
+                           num_kv_heads=s.kv_heads, num_experts=s.moe.num_experts if s.moe else 0,
+                           gpus_per_node=cluster.gpus_per_node)
+
+
+def check_layout(plan: ParallelPlan, cluster: Cluster, graph: ModelGraph) -> None:
+    """Raise InvalidPlanError listing every violation (see layout_violations)."""
+    problems = layout_violations(plan, cluster, graph)
+    if problems:
+        raise InvalidPlanError("invalid plan: " + "; ".join(problems))

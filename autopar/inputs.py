@@ -1,0 +1,41 @@
+"""Loading a run's inputs by name: the model graph, the sized cluster and the cost model.
+
+`autopar.search` and `autopar.report` receive their inputs from here (or as loaded objects); the
+library surface `autopar.api` re-exports these functions. Nothing here imports search, report or api,
+so the import graph stays one-way: inputs → search / report → api → cli.
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+from autopar.cost.params import CostParams, cost_model_for_gpu, load_cost_model
+from autopar.hardware import Cluster, load_cluster
+from autopar.model import PRESET_NAMES, ModelGraph, build_graph, load_model
+from autopar.schema.model import ModelSpec
+
+__all__ = ["load_cluster", "load_inputs", "load_model", "load_target_model", "resolve_cost_model"]
+
+
+def resolve_cost_model(cluster: Cluster, cost_model: str | None) -> CostParams:
+    """The named (or file) cost model, else the shipped one for the cluster's GPU."""
+    if cost_model:
+        return load_cost_model(cost_model)[1]
+    return cost_model_for_gpu(cluster.gpu_name)[1]
+
+
+def load_inputs(model: str, cluster: str, gpus: int, cost_model: str | None = None
+                ) -> tuple[ModelGraph, Cluster, CostParams]:
+    """(graph, sized cluster, cost parameters) for a model name or file, a cluster profile and a GPU count."""
+    graph = load_model(model)
+    c = load_cluster(cluster, gpus)
+    return graph, c, resolve_cost_model(c, cost_model)
+
+
+def load_target_model(model: str, spec: ModelSpec) -> ModelGraph:
+    """A plan file's model: by name or path when it is still there, else from the spec the file recorded."""
+    try:
+        available = model in PRESET_NAMES or Path(model).expanduser().exists()
+    except (OSError, ValueError):  # a name no file system holds (too long, a NUL): use the stored spec
+        available = False
+    return load_model(model) if available else build_graph(spec)

@@ -1,0 +1,41 @@
+"""The stable JSON records of plans and estimates (`--json` of plan, estimate, compare, explain,
+sweep; the `estimate` block of a plan file). Keys are listed in the README and frozen by
+tests/cli_surface.json."""
+
+from __future__ import annotations
+
+from dataclasses import asdict
+from typing import Any
+
+from autopar.cost.step import Estimate
+from autopar.schema.plan import ParallelPlan
+
+
+def estimate_to_dict(e: Estimate) -> dict[str, Any]:
+    """The stable JSON shape of an estimate. `fits` means peak_memory_bytes ≤ usable_memory_bytes =
+    memory_capacity_bytes · (1 − memory_margin)."""
+    return {
+        "step_time_s": e.step_time_s, "tokens_per_s": e.tokens_per_s, "tokens_per_s_per_gpu": e.tokens_per_s_per_gpu,
+        "model_tflops_per_gpu": e.model_tflops_per_gpu, "hardware_tflops_per_gpu": e.hardware_tflops_per_gpu,
+        "mfu": e.mfu, "peak_memory_bytes": e.peak_memory_bytes, "memory_capacity_bytes": e.memory_capacity_bytes,
+        "usable_memory_bytes": e.usable_memory_bytes, "memory_margin": e.memory_margin,
+        "fits": e.fits, "num_microbatches": e.num_microbatches, "dp": e.dp,
+        "bubble_fraction": e.bubble_fraction, "exposed_comm_fraction": e.exposed_comm_fraction,
+        "time_breakdown_s": dict(e.time_breakdown_s), "memory_breakdown_bytes": dict(e.memory_breakdown_bytes),
+        "stages": [asdict(s) for s in e.stages], "notes": list(e.notes),
+    }
+
+
+def plan_to_dict(plan: ParallelPlan, num_gpus: int) -> dict[str, Any]:
+    """The plan's axes under the names the CLI uses (dp derived)."""
+    d = plan.model_dump(mode="json")
+    d["dp"] = plan.dp_for(num_gpus)
+    d["etp"] = plan.expert_tp
+    d["sp"] = plan.sequence_parallel
+    d["schedule"] = plan.schedule
+    return d
+
+
+def plan_entry(plan: ParallelPlan, est: Estimate, gpus: int) -> dict[str, Any]:
+    """One element of `plan --json` / `compare --json`: {"parallel": ..., "estimate": ...}."""
+    return {"parallel": plan_to_dict(plan, gpus), "estimate": estimate_to_dict(est)}
