@@ -230,9 +230,7 @@ def torchtitan_args(pf: PlanFile, run_args: tuple[str, ...] = ()) -> list[str]:
     Python path); `run_args` (paths, steps) go before the activation-checkpoint subcommand, which
     tyro needs last."""
     plan = require_exportable(pf, "torchtitan")
-    from autopar.export import framework_refusals  # the search's filter: one refusal function
-
-    refuse("torchtitan", framework_refusals(pf.target.model_spec, pf.target.gpus, plan))
+    refuse("torchtitan", torchtitan_refusals(pf, plan))  # what framework_refusals, the search's filter, returns
     layout = plan_layout(pf, plan)
     dp = layout.dp
     args = ["--module", CONFIG_MODULE, "--config", CONFIG_FN, *_dp_args(plan, layout),
