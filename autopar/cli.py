@@ -434,7 +434,7 @@ def plan(
 
         render_explanation(out, _run(lambda: run_explain(model, cluster, gpus, best_plan, cost_model, memory_margin)))
     if plot:
-        _pictures(plot, best_plan, best_est, memory_margin)
+        _pictures(plot, best_plan, best_est)
 
 
 @app.command()
@@ -509,14 +509,13 @@ def profile(
               f"{len(result.measurements.get('collectives', []))} collective measurements")
 
 
-def _pictures(path: str, plan_, est, memory_margin: float) -> None:
+def _pictures(path: str, plan_, est) -> None:
     """The pipeline timeline at PATH and the memory bars at PATH with '-memory' before the suffix
     (PNG/SVG/PDF with matplotlib; '-' or no matplotlib: terminal renderings)."""
     from autopar.report.plots import save_picture
 
     for kind, target in (("timeline", path), ("memory", _memory_picture_path(path))):
-        note = _run(lambda: save_picture(kind, target, plan=plan_, estimate=est, memory_margin=memory_margin,
-                                         console=out))
+        note = _run(lambda: save_picture(kind, target, plan=plan_, estimate=est, console=out))
         if note or target != "-":
             out.print(note or f"wrote {target}")
 
@@ -566,7 +565,7 @@ def explain(
         return
     render_explanation(out, ex)
     if plot:
-        _pictures(plot, ex.plan, ex.estimate, memory_margin)
+        _pictures(plot, ex.plan, ex.estimate)
 
 
 @app.command()

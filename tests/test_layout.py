@@ -120,3 +120,32 @@ def test_search_stage_memory_equals_estimate_on_every_moe_candidate(etp):
                 start += row.layers[0]
                 assert over(allocated) == pytest.approx(row.memory_bytes, rel=1e-12), (plan, r)
     assert max(e for e in (pricer.layout(x).edp for x in chosen)) > min(pricer.layout(x).dp for x in chosen)
+
+
+def test_optimizer_step_shards_expert_params_over_edp():
+    """Megatron's distributed optimizer updates expert parameters over the expert data-parallel
+    group: tp2 pp4 ep8 etp1 on 64 GPUs has dp 8 but edp 2, so a rank steps 1/8 of its dense and
+    1/2 of its expert parameters (34 B of traffic each, four kernels)."""
+    from autopar.cost.compute import memory_bound_time_s
+    from autopar.cost.step import OPTIMIZER_BYTES_PER_PARAM, assign_layers, rank_chunks, stage_params
+
+    graph, cluster, p = load_inputs("mixtral-8x7b", "dgx-h100", 64)
+    plan = ParallelPlan(tp=2, pp=4, ep=8, etp=1, global_batch=256, seq_len=4096)
+    lay = Layout.of(plan, cluster, graph)
+    assert (lay.dp, lay.edp, lay.dense_shard, lay.expert_shard) == (8, 2, 8, 2)
+    per_rank = []
+    for chunks in rank_chunks(assign_layers(graph, lay), lay):
+        dense = sum(stage_params(c, plan, False, graph.layers[0])[0] for c in chunks)
+        expert = sum(stage_params(c, plan, False, graph.layers[0])[1] for c in chunks)
+        per_rank.append(dense / 8 + expert / 2)
+    want = memory_bound_time_s(max(per_rank) * OPTIMIZER_BYTES_PER_PARAM, cluster.hbm_bytes_per_s, p, kernels=4)
+    assert estimate(graph, cluster, plan, p).time_breakdown_s["optimizer"] == pytest.approx(want, rel=1e-12)
+
+
+def test_hybrid_shard_with_cp_in_the_estimate():
+    # llama3-8b on 16 GPUs, cp2: dp 8; zero_shard_size 2 = 4 optimizer instances, each sharding the
+    # 12 B/param of fp32 master + moments over 2 dp ranks × cp 2 = 4 GPUs.
+    graph, cluster, p = load_inputs("llama3-8b", "dgx-h100", 16)
+    plan = ParallelPlan(cp=2, pp=2, zero_shard_size=2, global_batch=64, seq_len=8192)
+    rank0 = estimate(graph, cluster, plan, p).stages[0]
+    assert rank0.memory_breakdown_bytes["optimizer"] == pytest.approx(12 * rank0.params / 4, rel=1e-12)

@@ -87,7 +87,7 @@ def test_terminal_renderings_show_every_rank_and_stage(name):
         assert f"rank {r} │" in text
     assert all(len(row.split("│")[1]) == 80 for row in rows)
     assert set("".join(row.split("│")[1] for row in rows)) <= set("FfBbRr~·")
-    mem = memory_text(est, 0.1, width=40).plain
+    mem = memory_text(est, width=40).plain  # the estimate carries its margin (0.1)
     for r in range(plan.pp):
         assert f"stage {r:>2} " in mem
     assert "┃" in mem
@@ -117,7 +117,7 @@ def test_pngs_are_written(tmp_path):
         assert out.read_bytes().startswith(PNG_MAGIC) and out.stat().st_size > 10_000
     plan, est = _case(**CASES["1f1b"])
     out = tmp_path / "memory.png"
-    save_picture("memory", out, plan=plan, estimate=est, memory_margin=0.1)
+    save_picture("memory", out, plan=plan, estimate=est)
     assert out.read_bytes().startswith(PNG_MAGIC) and out.stat().st_size > 5_000
     out = tmp_path / "sub" / "sweep.png"
     save_picture("sweep", out, points=_points())

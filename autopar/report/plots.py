@@ -294,11 +294,11 @@ def memory_parts(breakdown: dict[str, float]) -> dict[str, float]:
     return {**main, "other": sum(v for k, v in breakdown.items() if k not in main)}
 
 
-def memory_text(estimate: Estimate, memory_margin: float = 0.0, width: int = 60) -> Text:
+def memory_text(estimate: Estimate, width: int = 60) -> Text:
     """Memory bars per stage in the terminal: W weights, G gradients, O optimizer, A activations,
-    X other; ┃ marks the usable HBM (capacity less the margin), │ the capacity."""
+    X other; ┃ marks the usable HBM (the estimate's: capacity less its margin), │ the capacity."""
     cap = estimate.memory_capacity_bytes
-    usable = cap * (1.0 - memory_margin)
+    usable = estimate.usable_memory_bytes
     scale = max(cap, max(s.memory_bytes for s in estimate.stages))
     chars = {"weights": "W", "gradients": "G", "optimizer": "O", "activations": "A", "other": "X"}
     out = Text()
@@ -326,8 +326,7 @@ def memory_text(estimate: Estimate, memory_margin: float = 0.0, width: int = 60)
     return out
 
 
-def plot_memory(estimate: Estimate, path: str | Path, memory_margin: float = 0.0,
-                plan: ParallelPlan | None = None) -> Path:
+def plot_memory(estimate: Estimate, path: str | Path, plan: ParallelPlan | None = None) -> Path:
     """Stacked memory bars per stage with the HBM capacity (and usable share) lines; `plan` names the
     layout in the title. Needs matplotlib."""
     stages = sorted(estimate.stages, key=lambda s: s.rank)
@@ -343,11 +342,12 @@ def plot_memory(estimate: Estimate, path: str | Path, memory_margin: float = 0.0
         bottom = [b + v for b, v in zip(bottom, vals)]
     cap = estimate.memory_capacity_bytes / GiB
     lines = [ax.axhline(cap, color="black", linewidth=1.2, label=f"HBM {cap:.0f} GiB")]
-    if memory_margin > 0:
-        lines.append(ax.axhline(cap * (1 - memory_margin), color="#D62728", linestyle="--", linewidth=1.2,
-                                label=f"usable {cap * (1 - memory_margin):.1f} GiB ({memory_margin:.0%} kept free)"))
+    usable = estimate.usable_memory_bytes / GiB
+    if estimate.memory_margin > 0:
+        lines.append(ax.axhline(usable, color="#D62728", linestyle="--", linewidth=1.2,
+                                label=f"usable {usable:.1f} GiB ({estimate.memory_margin:.0%} kept free)"))
     for x, total in zip(xs, bottom):
-        over = total > cap * (1 - memory_margin)
+        over = total > usable
         ax.text(x, total, f"{total:.1f}", ha="center", va="bottom", fontsize=8,
                 color="#D62728" if over else "black", fontweight="bold" if over else "normal")
     ax.set_xticks(xs, [str(s.rank) for s in stages])
@@ -424,7 +424,7 @@ def _axis_label(axis: str) -> str:
 
 def save_picture(kind: str, path: str | Path, *, plan: ParallelPlan | None = None,
                  estimate: Estimate | None = None, points: Sequence[SweepPoint] | None = None,
-                 memory_margin: float = 0.0, console: Console | None = None) -> str:
+                 console: Console | None = None) -> str:
     """Write a picture of `kind` ("timeline": plan + estimate; "memory": estimate; "sweep": points).
     A path ending in .png/.svg/.pdf is written with matplotlib; with path "-", another suffix, or
     matplotlib missing, the terminal rendering is printed instead. Returns a one-line note."""
@@ -436,7 +436,7 @@ def save_picture(kind: str, path: str | Path, *, plan: ParallelPlan | None = Non
             if kind == "timeline":
                 plot_timeline(plan, estimate, path_s)
             elif kind == "memory":
-                plot_memory(estimate, path_s, memory_margin, plan)
+                plot_memory(estimate, path_s, plan)
             else:
                 plot_sweep(points, path_s)
             return f"wrote the {kind} picture to {path_s}"
@@ -446,20 +446,20 @@ def save_picture(kind: str, path: str | Path, *, plan: ParallelPlan | None = Non
     else:
         note = f"{path_s} does not end in {', '.join(PICTURE_SUFFIXES)}, so the {kind} is drawn here instead"
     console = console or Console()
-    console.print(terminal_picture(kind, plan=plan, estimate=estimate, points=points, memory_margin=memory_margin,
+    console.print(terminal_picture(kind, plan=plan, estimate=estimate, points=points,
                                    width=console.width))
     return note
 
 
 def terminal_picture(kind: str, *, plan: ParallelPlan | None = None, estimate: Estimate | None = None,
-                     points: Sequence[SweepPoint] | None = None, memory_margin: float = 0.0, width: int = 120):
+                     points: Sequence[SweepPoint] | None = None, width: int = 120):
     """The Rich renderable of a picture for a terminal `width` characters wide."""
     if kind == "timeline":
         chart_w = max(20, width - 12)
         tl = pipeline_timeline(plan, estimate, terminal_microbatches(plan, chart_w))
         return timeline_text(tl, chart_w)
     if kind == "memory":
-        return memory_text(estimate, memory_margin, max(20, min(80, width - 30)))
+        return memory_text(estimate, max(20, min(80, width - 30)))
     return Group(sweep_table(points))
 
 

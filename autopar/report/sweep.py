@@ -29,7 +29,7 @@ from autopar.errors import AutoparError, SchemaError
 from autopar.hardware import load_profile
 from autopar.inputs import load_model
 from autopar.report.records import estimate_to_dict, plan_to_dict
-from autopar.report.tables import seconds
+from autopar.report.tables import seconds, usable_label
 from autopar.schema.plan import Framework, ParallelPlan, Precision, parse_assignments
 
 Progress = Callable[[str, int, int], None]  # ("sweep", points done, points in all)
@@ -206,3 +206,6 @@ def sweep_table(points: Sequence[SweepPoint], bar_width: int = 16) -> Table:
 
 def render_sweep(console: Console, points: Sequence[SweepPoint]) -> None:
     console.print(sweep_table(points))
+    est = next((p.estimate for p in points if p.estimate is not None), None)
+    if est is not None:
+        console.print(f"[dim]fit = peak ≤ {usable_label(est)}[/]")
