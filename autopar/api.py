@@ -24,14 +24,10 @@ from autopar.schema.plan import Framework, ParallelPlan, Precision, default_zero
 
 
 def models() -> list[dict[str, Any]]:
-    """Every preset with its size."""
-    out = []
-    for name in PRESET_NAMES:
-        g = load_model(name)
-        out.append({"name": name, "total_params": g.total_params, "active_params": g.active_params,
-                    "layers": g.spec.num_layers, "hidden_size": g.spec.hidden_size,
-                    "moe": g.spec.moe is not None, "source": g.spec.source})
-    return out
+    """Every preset with its size (from the preset catalogue, autopar.catalog)."""
+    from autopar.catalog import model_rows
+
+    return model_rows()
 
 
 def clusters() -> list[dict[str, Any]]:

@@ -5,23 +5,44 @@ Every AutoparError becomes one line on stderr and exit code 2; no traceback reac
 
 from __future__ import annotations
 
-import json
+import importlib
 import sys
 from enum import Enum
 from typing import Annotated, Any, Callable, Optional
 
 import typer
 import typer.core
-from rich.console import Console
-from rich.text import Text
 from typer.core import TyperGroup
 
-from autopar import api
-from autopar.cost.step import DEFAULT_MEMORY_MARGIN
+from autopar.choices import DEFAULT_MEMORY_MARGIN, Framework, Precision, RecomputeMode, default_zero
 from autopar.errors import AutoparError
 from autopar.limits import MAX_GLOBAL_BATCH, MAX_GPUS, MAX_LAYERS, MAX_SEQ_LEN, clip
-from autopar.report import records, tables
-from autopar.schema.plan import Framework, Precision, RecomputeMode, default_zero
+
+
+class _Lazy:
+    """A module imported on first attribute access: `autopar --help` and `autopar models` must not
+    pay for the cost model, NumPy, Pydantic schemas, Rich consoles or OR-Tools (issue 15)."""
+
+    def __init__(self, name: str, make: Callable[[], Any] | None = None) -> None:
+        self._name, self._make, self._obj = name, make, None
+
+    def __getattr__(self, attr: str) -> Any:
+        if self._obj is None:
+            self._obj = self._make() if self._make else importlib.import_module(self._name)
+        return getattr(self._obj, attr)
+
+
+def _console(**kwargs: Any) -> Callable[[], Any]:
+    def make() -> Any:
+        from rich.console import Console
+
+        return Console(highlight=False, **kwargs)
+    return make
+
+
+api: Any = _Lazy("autopar.api")
+records: Any = _Lazy("autopar.report.records")
+tables: Any = _Lazy("autopar.report.tables")
 
 MAX_MESSAGE_CHARS = 1000  # an error line longer than this is cut (every echoed value is already ≤ 80)
 # The Click that Typer runs on: Typer >= 0.20 vendors it as typer._click, older Typer imports click.
@@ -55,9 +76,10 @@ class _OneLineErrors(TyperGroup):
 
 
 app = typer.Typer(cls=_OneLineErrors, add_completion=False, no_args_is_help=True, pretty_exceptions_enable=False,
+                  rich_markup_mode=None,
                   help="autopar: plan how to split an LLM over GPUs, before a GPU is touched.")
-out = Console(highlight=False, width=None if sys.stdout.isatty() else 120)
-err = Console(stderr=True, highlight=False)
+out: Any = _Lazy("out", _console(width=None if sys.stdout.isatty() else 120))
+err: Any = _Lazy("err", _console(stderr=True))
 
 
 def render_error(message: str) -> str:
@@ -68,6 +90,8 @@ def render_error(message: str) -> str:
 
 def print_error(message: str) -> None:
     """`error: message` as one line on stderr (the one renderer of every error autopar prints)."""
+    from rich.text import Text
+
     err.print(Text.assemble(("error:", "bold red"), " ", render_error(message)), soft_wrap=True)
 
 
@@ -83,7 +107,7 @@ def _finite_margin(value: float | None) -> float | None:
     return value
 
 
-ModelArg = Annotated[str, typer.Argument(help="A preset name (see `autopar models`), a Hugging Face config.json, or a YAML layer-graph file.")]
+ModelArg = Annotated[str, typer.Argument(metavar="MODEL", help="A preset name (see `autopar models`), a Hugging Face config.json, or a YAML layer-graph file.")]
 ClusterOpt = Annotated[str, typer.Option("--cluster", "-c", help="A cluster profile name (see `autopar clusters`) or a YAML file.")]
 GpusOpt = Annotated[int, typer.Option("--gpus", "-n", min=1, max=MAX_GPUS, help="Number of GPUs; must fill whole nodes unless it is less than one node.")]
 SeqOpt = Annotated[Optional[int], typer.Option("--seq-len", "-s", min=1, max=MAX_SEQ_LEN, help="Sequence length in tokens; default: the model's.")]
@@ -137,6 +161,8 @@ def _check_outputs(paths: list[str], force: bool) -> None:
 
 
 def _emit_json(data: Any) -> None:
+    import json
+
     sys.stdout.write(json.dumps(data, indent=2, sort_keys=False, default=_json_default) + "\n")
 
 
@@ -149,7 +175,9 @@ def _json_default(obj: Any) -> Any:
 @app.command()
 def models(as_json: JsonOpt = False) -> None:
     """List the model presets."""
-    rows = _run(api.models)
+    from autopar.catalog import model_rows  # what api.models returns, without importing the cost model
+
+    rows = _run(model_rows)
     if as_json:
         _emit_json({"models": rows})
     else:
@@ -408,18 +436,22 @@ def plan(
     exported: dict[str, str] = {}
     written: list[str] = []
     if export_fmt:
-        best_plan, best_est = result.plans[0]
+        best_plan, best_est = result.chosen
         exported = _run(lambda: api.export_plan(model, cluster, gpus, best_plan, best_est, export_fmt, cost_model))
     if out_path:
         from autopar.io import write_outputs
         from autopar.schema.plan_file import plan_file_text
 
-        best_plan, best_est = result.plans[0]
+        best_plan, best_est = result.chosen
         text = plan_file_text(api.plan_file_for(model, cluster, gpus, best_plan, best_est, cost_model))
         targets = {plan_json: text, **{str(Path(out_path) / name): t for name, t in exported.items()}}
         written = _run(lambda: write_outputs(targets, force=force))
     if as_json:
-        _emit_json({"plans": [records.plan_entry(p, e, gpus) for p, e in result.plans],
+        _emit_json({"plans": [{**records.plan_entry(p, e, gpus), "equivalent_to_best": result.equivalent_to_best(e)}
+                              for p, e in result.plans],
+                    "alternatives": [{**records.plan_entry(r.plan, r.estimate, gpus),
+                                      "equivalent_to_best": r.equivalent_to_best} for r in result.alternatives],
+                    "equivalence_band": result.band,
                     "search": {"candidates": result.candidates, "pruned": result.pruned, "scored": result.scored,
                                "feasible": result.feasible, "refined": result.refined, "time_s": result.time_s}})
         return
@@ -428,7 +460,7 @@ def plan(
         out.print(f"wrote {f}")
     if exported and not out_path:
         _emit_files(exported, None)
-    best_plan, best_est = result.plans[0]
+    best_plan, best_est = result.chosen
     if explain_best:
         from autopar.report.explain import explain as run_explain, render_explanation
 

@@ -332,3 +332,20 @@ def test_torchtitan_parses_the_export(name, titan_config):
         assert train.local_batch_size == plan.mbs
     expected_ac = {"full": FullAC.Config, "selective": SelectiveAC.Config, "none": type(None)}[plan.recompute.mode]
     assert isinstance(config.activation_checkpoint, expected_ac)
+
+
+@pytest.mark.parametrize("layers,stages", [(80, 8), (126, 8), (126, 64), (32, 4), (61, 16), (48, 6), (7, 3), (4, 8)])
+def test_torchtitan_layer_split_is_torchtitans_own(layers, stages):
+    """cost.layout.torchtitan_layer_counts equals torchtitan's pipeline module generator (or both
+    refuse), so a torchtitan plan is estimated with the split torchtitan makes."""
+    pytest.importorskip("torchtitan")
+    from torchtitan.distributed.pipeline_parallel import _generate_llm_fqn_per_model_part
+
+    from autopar.cost.layout import torchtitan_layer_counts
+
+    try:
+        parts = _generate_llm_fqn_per_model_part(stages, layers, 1, 1)
+    except ValueError:
+        assert torchtitan_layer_counts(layers, stages) is None
+        return
+    assert torchtitan_layer_counts(layers, stages) == tuple(sum(m.startswith("layers.") for m in p) for p in parts)

@@ -178,3 +178,50 @@ def test_plot_functions_name_the_extra_without_matplotlib(tmp_path, monkeypatch)
     _, est = _case(**CASES["1f1b"])
     with pytest.raises(ImportError, match=r"autopar\[plot\]"):
         plot_memory(est, tmp_path / "m.png")
+
+
+# ----------------------------------------------------------------------------- legibility (issue 15)
+
+
+def test_chunk_ops_run_back_to_back_become_one_bar_at_high_vpp(tmp_path):
+    """tp4·pp4·v20·cp2 (Llama-3-70B): the runs partition every rank's ops in time order, never mix
+    kinds unless marked steady, never span an idle gap wider than the tolerance, and cut the
+    warm-up forwards of the last rank to one bar per group of pp microbatches."""
+    from autopar.report.plots import STEADY, op_runs, plot_timeline
+
+    plan, est = _case(tp=4, pp=4, vpp=20, cp=2, recompute={"mode": "none"})
+    tl = pipeline_timeline(plan, est, max_microbatches=plan.pp)
+    gap = tl.step_s / 1000
+    runs = op_runs(tl, min_gap_s=gap)
+    for r in range(tl.pp):
+        bars, mine = tl.bars_of(r), [x for x in runs if x.rank == r]
+        assert sum(x.ops for x in mine) == len(bars) == 2 * tl.num_microbatches * tl.vpp
+        assert all(a.end_s <= b.start_s for a, b in zip(mine, mine[1:]))
+        assert all(x.kind in ("F", "B") for x in mine)  # no min_width: nothing is merged as steady
+        i = 0
+        for x in mine:  # each run is consecutive ops of its kind, joined across gaps ≤ the tolerance
+            ops = bars[i:i + x.ops]
+            i += x.ops
+            assert {o.kind for o in ops} == {x.kind} and (ops[0].start_s, ops[-1].end_s) == (x.start_s, x.end_s)
+            assert all(b.start_s - a.end_s <= gap for a, b in zip(ops, ops[1:]))
+        assert len(mine) < len(bars) / 3  # legible: far fewer bars than chunk-ops
+    last = [x for x in runs if x.rank == tl.pp - 1 and x.kind == "F"]
+    assert last[0].ops == tl.pp and last[0].chunks == (0, 0)  # interleaving: pp microbatches of chunk 1 in a row
+    # Alternating narrow runs merge into steady bars when a width is asked for.
+    steady = op_runs(tl, min_gap_s=gap, min_width_s=tl.step_s)
+    assert any(x.kind == STEADY for x in steady)
+    assert sum(x.ops for x in steady) == len(tl.bars)
+    pytest.importorskip("matplotlib")
+    out = plot_timeline(plan, est, tmp_path / "v20.png")
+    assert out.read_bytes().startswith(PNG_MAGIC)
+
+
+@pytest.mark.parametrize("total", [60.0, 70.5, 71.6, 72.0, 72.7, 74.0, 78.0, 79.5, 80.0, 81.0, 95.0, 1.0])
+def test_memory_total_label_clears_the_hbm_and_usable_lines(total):
+    from autopar.report.plots import label_y
+
+    lines, h = [80.0, 72.0], 3.0  # HBM and usable (10 % margin) in GiB; label ≈ 3 GiB tall
+    y = label_y(total, lines, h)
+    assert y >= 0
+    assert not any(y <= line <= y + h for line in lines)
+    assert abs(y - total) <= 2 * h or y > max(line for line in lines if line >= total - h)  # near its bar

@@ -12,6 +12,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field
 
+from autopar.choices import DEFAULT_MEMORY_MARGIN  # noqa: F401 (the one margin; re-exported for its users)
 from autopar.cost import comm, memory
 from autopar.cost.compute import memory_bound_time_s
 from autopar.cost.layer import BF16_BYTES, LayerCost, Spans, Split, layer_cost
@@ -30,9 +31,6 @@ OPTIMIZER_BYTES_PER_PARAM = 34.0
 GRAD_BUCKETS = 8
 MFU_NOTE = "MFU = (6·N_active + causal attention) FLOPs per token × tokens/s ÷ dense bf16 peak (fp8 plans too)"
 MAIN_GRAD_BYTES = {Framework.MEGATRON: 4.0, Framework.DEEPSPEED: 2.0, Framework.TORCHTITAN: 4.0}  # bytes reduced per grad
-# Fraction of HBM a plan leaves free for what no model sees (allocator spikes, NCCL buffer growth);
-# plan, estimate, compare, explain and sweep all judge "fits" against HBM · (1 − margin).
-DEFAULT_MEMORY_MARGIN = 0.1
 
 
 def usable_memory_bytes(capacity_bytes: float, memory_margin: float) -> float:

@@ -14,7 +14,8 @@ and float8 as a Float8LinearConverter on any flavour. Mapping of the plan:
   replicate dp/k. torchtitan shards parameters over dp_shard·cp whenever cp > 1, so zero 0 with cp
   is refused.
 - pp: one model part per virtual stage, listed exactly (--parallelism.module-fqns-per-model-part),
-  any split, uneven included (the search proposes torchtitan's own rule, torchtitan_layer_counts);
+  any split, uneven included (without one, the Layout's default is torchtitan's own rule,
+  cost.layout.torchtitan_layer_counts, so the estimate and the export split alike);
   schedule by torch.distributed.pipelining's names, 1F1B (vpp 1) or Interleaved1F1B; local batch =
   global / dp, pipeline micro-batch = mbs.
   Without pp: local batch = mbs and gradient accumulation fills the global batch.
@@ -35,7 +36,7 @@ import shlex
 
 from dataclasses import dataclass
 
-from autopar.cost.layout import Layout
+from autopar.cost.layout import Layout, torchtitan_layer_counts  # noqa: F401 (torchtitan's split, re-exported)
 from autopar.export.common import (DEFAULT_GPUS_PER_NODE, TORCHRUN, bash_array, cluster_block, header, layer_counts,
                                    plan_layout, refuse, require_exportable)
 from autopar.schema.model import ModelSpec
@@ -182,27 +183,6 @@ def model_parts(counts: tuple[int, ...]) -> list[str]:
 
 
 PP_SCHEDULES = {1: "1F1B", "interleaved": "Interleaved1F1B"}  # torch.distributed.pipelining class names
-
-
-def torchtitan_layer_counts(num_layers: int, stages: int, first_less: int = 1, last_less: int = 1
-                            ) -> tuple[int, ...] | None:
-    """Decoder layers per stage under torchtitan's own split (distributed/pipeline_parallel.py
-    _generate_llm_fqn_per_model_part): the embedding counts as `first_less` layers and norm + head
-    as `last_less`, the num_layers + both weights are dealt out evenly with the remainder to the
-    earliest stages, and the first and last stages give up their weights' worth of decoders.
-    None where torchtitan refuses the split (a stage would be empty or lighter than a weight)."""
-    if stages == 1:
-        return (num_layers,)
-    effective = num_layers + first_less + last_less
-    per, extra = divmod(effective, stages)
-    if per == 0 or first_less > per or last_less > per:
-        return None
-    counts = [per + (1 if i < extra else 0) for i in range(stages)]
-    counts[0] -= first_less
-    counts[-1] -= last_less
-    if sum(counts) != num_layers or min(counts) < 0:
-        return None
-    return tuple(counts)
 
 
 def _pp_args(pf: PlanFile, plan: ParallelPlan, dp: int) -> list[str]:

@@ -31,6 +31,7 @@ from autopar.units import GiB
 
 MAX_MICROBATCHES = 64  # simulated for a timeline
 MAX_DRAWN_CHUNK_OPS = 64  # forward chunk-ops per rank drawn in a picture (m · vpp), for legibility
+GROUP_CHUNKS_FROM_VPP = 8  # from this vpp on, back-to-back chunk-ops of one kind are drawn as one bar
 PICTURE_SUFFIXES = (".png", ".svg", ".pdf")
 KINDS = ("timeline", "memory", "sweep")
 INSTALL_HINT = "pip install 'autopar[plot]'"
@@ -211,57 +212,164 @@ def _part_at(bar: Bar, t: float) -> str | None:
     return None
 
 
+@dataclass(frozen=True, slots=True)
+class Run:
+    """Back-to-back ops of one kind on one rank (no idle time between them), drawn as one bar."""
+
+    rank: int
+    kind: str
+    start_s: float
+    end_s: float
+    ops: int
+    chunks: tuple[int, int]  # lowest and highest model chunk in the run
+
+
+STEADY = "FB"  # Run.kind of a steady-state stretch where forwards and backwards alternate
+MIN_RUN_PX = 8  # runs narrower than this are merged into a steady-state bar
+
+
+def op_runs(timeline: Timeline, min_gap_s: float = 0.0, min_width_s: float = 0.0) -> list[Run]:
+    """The timeline's ops merged into runs. At vpp ≥ 8 a chunk-op is a sliver (a rank's stage time
+    over vpp), so a picture groups the chunk-ops a rank runs back to back (gaps ≤ min_gap_s, i.e.
+    under a pixel): warm-up forwards and cool-down backwards become one bar each, and stretches of
+    runs narrower than min_width_s where forwards and backwards alternate (1F1B's steady state)
+    become one STEADY bar."""
+    out: list[Run] = []
+    for rank in range(timeline.pp):
+        runs: list[Run] = []
+        for b in timeline.bars_of(rank):
+            last = runs[-1] if runs else None
+            if last is not None and b.kind == last.kind and b.start_s - last.end_s <= min_gap_s:
+                runs[-1] = _joined(last, b.end_s, 1, (b.chunk, b.chunk), last.kind)
+            else:
+                runs.append(Run(rank, b.kind, b.start_s, b.end_s, 1, (b.chunk, b.chunk)))
+        out += _steady(runs, min_gap_s, min_width_s)
+    return out
+
+
+def _joined(run: Run, end_s: float, ops: int, chunks: tuple[int, int], kind: str) -> Run:
+    return Run(run.rank, kind, run.start_s, end_s, run.ops + ops, (min(run.chunks[0], chunks[0]),
+                                                                   max(run.chunks[1], chunks[1])))
+
+
+def _steady(runs: list[Run], min_gap_s: float, min_width_s: float) -> list[Run]:
+    """Adjacent narrow runs of different kinds merged into STEADY runs."""
+    out: list[Run] = []
+    for run in runs:
+        last = out[-1] if out else None
+        narrow = run.end_s - run.start_s < min_width_s
+        if (last is not None and narrow and run.start_s - last.end_s <= min_gap_s
+                and (last.kind == STEADY or last.end_s - last.start_s < min_width_s) and last.kind != run.kind):
+            out[-1] = _joined(last, run.end_s, run.ops, run.chunks, STEADY)
+        elif last is not None and last.kind == STEADY and narrow and run.start_s - last.end_s <= min_gap_s:
+            out[-1] = _joined(last, run.end_s, run.ops, run.chunks, STEADY)
+        else:
+            out.append(run)
+    return out
+
+
 def plot_timeline(plan: ParallelPlan, estimate: Estimate, path: str | Path) -> Path:
     """The pipeline timeline as a picture (PNG/SVG/PDF by the path's suffix). Needs matplotlib.
-    At most about MAX_DRAWN_CHUNK_OPS forward chunk-ops per rank are drawn, so bars stay legible."""
+    At most about MAX_DRAWN_CHUNK_OPS forward chunk-ops per rank are drawn, so bars stay legible;
+    from vpp GROUP_CHUNKS_FROM_VPP on, back-to-back chunk-ops are drawn as one bar (op_runs)."""
     tl = pipeline_timeline(plan, estimate, max_microbatches=max(plan.pp, MAX_DRAWN_CHUNK_OPS // plan.vpp))
+    grouped = tl.vpp >= GROUP_CHUNKS_FROM_VPP
     fig = _figure(width=14, height=1.7 + 0.5 * tl.pp)
     ax = fig.add_subplot()
     px_per_s = _px_per_s(fig, tl)
     for r in range(tl.pp):
         ax.broken_barh([(0.0, tl.step_s)], (r - 0.4, 0.8), facecolors=COLORS["idle"], zorder=0)
-    ops: dict[tuple[str, int, int], list[tuple[float, float]]] = {}
     overlays: dict[tuple[str, int], list[tuple[float, float]]] = {}
     for b in tl.bars:
-        ops.setdefault((b.kind, b.chunk, b.rank), []).append((b.start_s, b.end_s - b.start_s))
         for part, a, e in b.parts():
             if part in ("recompute", "comm"):
                 overlays.setdefault((part, b.rank), []).append((a, e - a))
-    for (kind, chunk, rank), spans in sorted(ops.items()):
-        color = _chunk_color("forward" if kind == FORWARD else "backward", chunk, tl.vpp)
-        ax.broken_barh(spans, (rank - 0.4, 0.8), facecolors=color, edgecolors="white", linewidth=0.2, zorder=2)
+    runs = op_runs(tl, 1.0 / px_per_s, MIN_RUN_PX / px_per_s) if grouped else []
+    if grouped:
+        _draw_runs(ax, runs, px_per_s)
+    else:
+        ops: dict[tuple[str, int, int], list[tuple[float, float]]] = {}
+        for b in tl.bars:
+            ops.setdefault((b.kind, b.chunk, b.rank), []).append((b.start_s, b.end_s - b.start_s))
+        for (kind, chunk, rank), spans in sorted(ops.items()):
+            color = _chunk_color("forward" if kind == FORWARD else "backward", chunk, tl.vpp)
+            ax.broken_barh(spans, (rank - 0.4, 0.8), facecolors=color, edgecolors="white", linewidth=0.2, zorder=2)
     for (part, rank), spans in sorted(overlays.items()):
         ax.broken_barh(spans, (rank - 0.4, 0.8), facecolors=COLORS[part], linewidth=0, zorder=3)
     if tl.p2p_s * px_per_s >= 3:  # a send narrower than that would draw as a speck
         for tr in tl.transfers:
             y = tr.rank + (-0.45 if tr.kind == FORWARD else 0.45)
             ax.plot([tr.start_s, tr.end_s], [y, y], color=COLORS["p2p"], linewidth=1.5, zorder=4)
-    _label_microbatches(ax, tl, px_per_s)
+    if not grouped:
+        _label_microbatches(ax, tl, px_per_s)
     ax.set_ylim(tl.pp - 0.5, -0.5)
     ax.set_yticks(range(tl.pp), [f"rank {r}" for r in range(tl.pp)])
     ax.set_xlim(0, tl.step_s)
     ax.set_xlabel(f"time (s) in a {tl.num_microbatches}-microbatch schedule" if tl.truncated
                   else "time in the step (s)")
     sub = [tl.note] if tl.note else []
+    if grouped:
+        sub.append(f"vpp {tl.vpp}: chunk-ops a rank runs back to back are one bar (F×n: n chunk-ops), "
+                   "alternating ones one 1F1B bar")
     if tl.pp > 1:
         sub.append(f"p2p send between stages {seconds(tl.p2p_s)}"
                    + ("" if tl.p2p_s * px_per_s >= 3 else " (too short to draw)"))
-    ax.set_title(tl.title + ("\n" + "; ".join(sub) if sub else ""), fontsize=11)
-    fig.legend(handles=_timeline_legend(tl, px_per_s), loc="lower center", ncol=7, fontsize=9, frameon=False)
+    ax.set_title(tl.title + ("\n" + "\n".join(_wrap_notes(sub)) if sub else ""), fontsize=11)
+    steady = any(r.kind == STEADY for r in runs)
+    fig.legend(handles=_timeline_legend(tl, px_per_s, steady), loc="lower center", ncol=7, fontsize=9, frameon=False)
     fig.tight_layout(rect=(0, 0.06 if tl.pp > 2 else 0.12, 1, 1))
     return _save(fig, path)
 
 
-def _timeline_legend(tl: Timeline, px_per_s: float) -> list:
+def _wrap_notes(notes: list[str], width: int = 150) -> list[str]:
+    """Notes joined by '; ' into lines of at most about `width` characters."""
+    lines: list[str] = []
+    for note in notes:
+        if lines and len(lines[-1]) + 2 + len(note) <= width:
+            lines[-1] += "; " + note
+        else:
+            lines.append(note)
+    return lines
+
+
+def _draw_runs(ax, runs: list[Run], px_per_s: float) -> None:
+    """Runs as outlined bars labelled F×n / B×n / 1F1B×n (n chunk-ops) when the label fits; a steady
+    stretch is backward-green hatched with forward-blue."""
+    for run in runs:
+        kwargs = dict(facecolors=COLORS["backward"], edgecolors=COLORS["forward"], hatch="////", linewidth=0.6) \
+            if run.kind == STEADY else dict(facecolors=COLORS["forward" if run.kind == FORWARD else "backward"],
+                                            edgecolors="#333333", linewidth=0.6)
+        ax.broken_barh([(run.start_s, run.end_s - run.start_s)], (run.rank - 0.4, 0.8), zorder=2, **kwargs)
+        width_px = (run.end_s - run.start_s) * px_per_s
+        name = "1F1B" if run.kind == STEADY else run.kind
+        label = f"{name}×{run.ops}" if run.ops > 1 else name
+        lo, hi = run.chunks
+        detail = f"{label}  chunks {lo + 1}–{hi + 1}" if hi > lo else label
+        text = detail if width_px >= 7 * len(detail) else label if width_px >= 7 * len(label) else ""
+        if run.ops == 1 and width_px < 40:  # a lone chunk-op: its colour says enough
+            text = ""
+        if text:
+            ax.text((run.start_s + run.end_s) / 2, run.rank, text, ha="center", va="center", fontsize=7,
+                    color="white", zorder=5,
+                    bbox=dict(boxstyle="round,pad=0.15", facecolor="#333333", alpha=0.6, linewidth=0)
+                    if run.kind == STEADY else None)
+
+
+def _timeline_legend(tl: Timeline, px_per_s: float, steady: bool = False) -> list:
     from matplotlib.lines import Line2D
 
     handles = _legend_handles(["forward", "backward", "recompute", "comm", "idle"],
                               {"recompute": "recompute (start of backward)", "comm": "exposed tp/cp/ep comm",
                                "idle": "idle (bubble)"})
-    if tl.vpp > 1:
+    if 1 < tl.vpp < GROUP_CHUNKS_FROM_VPP:
         from matplotlib.patches import Patch
 
         handles.append(Patch(facecolor=_chunk_color("forward", tl.vpp - 1, tl.vpp), label="lighter: later model chunk"))
+    if steady:
+        from matplotlib.patches import Patch
+
+        handles.append(Patch(facecolor=COLORS["backward"], edgecolor=COLORS["forward"], hatch="////",
+                             label="1F1B steady state (chunk-ops alternate)"))
     if tl.transfers and tl.p2p_s * px_per_s >= 3:
         handles.append(Line2D([], [], color=COLORS["p2p"], linewidth=1.5, label="p2p send (F above, B below)"))
     return handles
@@ -346,14 +454,16 @@ def plot_memory(estimate: Estimate, path: str | Path, plan: ParallelPlan | None 
     if estimate.memory_margin > 0:
         lines.append(ax.axhline(usable, color="#D62728", linestyle="--", linewidth=1.2,
                                 label=f"usable {usable:.1f} GiB ({estimate.memory_margin:.0%} kept free)"))
+    ax.set_ylim(0, max(cap, max(bottom)) * 1.18)
+    label_h = _text_height(fig, ax, fontsize=8)
+    line_ys = [cap] + ([usable] if estimate.memory_margin > 0 else [])
     for x, total in zip(xs, bottom):
         over = total > usable
-        ax.text(x, total, f"{total:.1f}", ha="center", va="bottom", fontsize=8,
+        ax.text(x, label_y(total, line_ys, label_h), f"{total:.1f}", ha="center", va="bottom", fontsize=8,
                 color="#D62728" if over else "black", fontweight="bold" if over else "normal")
     ax.set_xticks(xs, [str(s.rank) for s in stages])
     ax.set_xlabel("pipeline stage (rank)")
     ax.set_ylabel("peak memory per GPU (GiB)")
-    ax.set_ylim(0, max(cap, max(bottom)) * 1.15)
     title = "Peak memory per GPU by pipeline stage"
     if plan is not None:
         title += f"\n{plan.layout()} dp{estimate.dp} mbs{plan.mbs} zero{plan.zero} {plan.recompute.label()}"
@@ -362,6 +472,31 @@ def plot_memory(estimate: Estimate, path: str | Path, plan: ParallelPlan | None 
               frameon=False)  # parts listed top-down, as stacked
     fig.tight_layout()
     return _save(fig, path)
+
+
+def label_y(total: float, line_ys: Sequence[float], height: float) -> float:
+    """Bottom of a bar's total label, clear of every horizontal line (HBM, usable memory): just
+    above the bar; else just inside the bar's top; else above the highest line it would cross."""
+    pad = 0.15 * height
+
+    def clear(y: float) -> bool:
+        return not any(y - pad <= line <= y + height + pad for line in line_ys)
+
+    for y in (total + pad, total - height - pad):
+        if y >= 0 and clear(y):
+            return y
+    y = total + pad
+    for line in sorted(line_ys):
+        if not clear(y):
+            y = max(y, line + 2 * pad)
+    return y
+
+
+def _text_height(fig, ax, fontsize: float) -> float:
+    """Height of a line of text of `fontsize` points in the axes' data units (y)."""
+    axes_px = ax.get_position().height * fig.get_figheight() * fig.dpi
+    lo, hi = ax.get_ylim()
+    return fontsize / 72 * fig.dpi * 1.25 / axes_px * (hi - lo)
 
 
 # --------------------------------------------------------------------------- sweep

@@ -150,21 +150,41 @@ _PLAN_COLUMNS = ("layout", "dp", "mbs", "zero", "recompute", "step", "tok/s/GPU"
 
 
 def print_plans(console: Console, result) -> None:
-    t = Table(title=f"Best {len(result.plans)} plans (fastest first)")
+    """The distinct alternatives (autopar.search.rank): ≈ marks plans equivalent to the fastest
+    within the model's error, listed simplest first; the raw ranking is in `plan --json`."""
+    rows = result.alternatives or [_RawRow(p, e, i == 0) for i, (p, e) in enumerate(result.plans)]
+    band = f"{result.band:.0%}"
+    t = Table(title=f"Best {len(rows)} distinct plans (≈ = equivalent to the fastest within the model's "
+                    f"±{band} error, simplest first; then fastest first)")
     t.add_column("#", justify="right")
+    t.add_column("≈")
     for col in _PLAN_COLUMNS:
         t.add_column(col, justify="left" if col in ("layout", "recompute") else "right", no_wrap=col == "layout")
-    for i, (plan, est) in enumerate(result.plans, 1):
-        t.add_row(str(i), *_plan_row(plan, est), style="bold green" if i == 1 else "")
+    for i, row in enumerate(rows, 1):
+        t.add_row(str(i), "≈" if row.equivalent_to_best else "", *_plan_row(row.plan, row.estimate),
+                  style="bold green" if i == 1 else "")
     console.print(t)
+    fastest, fastest_est = result.plans[0]
+    if (fastest, fastest_est) != (rows[0].plan, rows[0].estimate):
+        console.print(f"fastest found: {fastest.layout()} mbs {fastest.mbs} zero {fastest.zero} recompute "
+                      f"{fastest.recompute.label()}, {seconds(fastest_est.step_time_s)}; rows differing only in "
+                      "vpp, mbs or zero are variants of one alternative (--json lists the raw ranking).")
     console.print(f"[dim]searched {result.candidates:,} candidates: {result.pruned:,} pruned by bounds, "
                   f"{result.scored:,} scored, {result.feasible:,} fit, {result.refined:,} refined by DP/ILP, "
                   f"in {result.time_s:.2f} s; fit = peak ≤ {usable_label(result.plans[0][1])}[/]")
     for note in getattr(result, "notes", []) or []:
         console.print(f"[yellow]{note}[/]")
-    plan, est = result.plans[0]
-    console.print("\n[bold]Chosen plan[/]")
+    plan, est = rows[0].plan, rows[0].estimate
+    console.print("\n[bold]Chosen plan[/]" + (" (the simplest of those equivalent to the fastest)"
+                                               if rows[0].equivalent_to_best and plan != fastest else ""))
     print_estimate(console, plan, est)
+
+
+class _RawRow:
+    """A raw (plan, estimate) shown as a row when a result carries no alternatives."""
+
+    def __init__(self, plan, estimate, equivalent_to_best: bool) -> None:
+        self.plan, self.estimate, self.equivalent_to_best = plan, estimate, equivalent_to_best
 
 
 def print_compare(console: Console, entries) -> None:

@@ -9,11 +9,19 @@ parameter-gather overlap on, TP communication overlap off.
 
 from __future__ import annotations
 
-from enum import StrEnum
 from typing import Any, Literal
 
 from pydantic import BaseModel, ConfigDict, Field, model_validator
 
+from autopar.choices import (  # noqa: F401 (re-exported: they were defined here; no Pydantic there, for the CLI)
+    FRAMEWORK_DEFAULT_ZERO,
+    FRAMEWORK_ZERO_STAGES,
+    FRAMEWORKS,
+    Framework,
+    Precision,
+    RecomputeMode,
+    default_zero,
+)
 from autopar.errors import InvalidPlanError
 from autopar.limits import MAX_GLOBAL_BATCH, MAX_GPUS, MAX_LAYERS, MAX_SEQ_LEN, clip, clip_repr
 from autopar.schema.types import Count, Flag, Real
@@ -21,42 +29,6 @@ from autopar.schema.types import Count, Flag, Real
 PLAN_SCHEMA_VERSION = 1
 RECOMPUTE_MODULES = ("core_attn", "layernorm", "mlp", "moe", "moe_act", "shared_experts", "mla_up_proj")
 
-
-class Framework(StrEnum):
-    """The training framework a plan targets (its memory layout, limits and export format)."""
-
-    MEGATRON = "megatron"
-    DEEPSPEED = "deepspeed"
-    TORCHTITAN = "torchtitan"
-
-
-class Precision(StrEnum):
-    """Compute precision of the GEMMs."""
-
-    BF16 = "bf16"
-    FP8 = "fp8"
-
-
-class RecomputeMode(StrEnum):
-    """Activation recomputation: none, selective (listed modules), full (whole layers)."""
-
-    NONE = "none"
-    SELECTIVE = "selective"
-    FULL = "full"
-
-
-FRAMEWORKS = tuple(Framework)
-# Megatron: 2/3 are Megatron-FSDP (--data-parallel-sharding-strategy optim_grads / optim_grads_params)
-FRAMEWORK_ZERO_STAGES = {Framework.MEGATRON: (0, 1, 2, 3), Framework.DEEPSPEED: (0, 1, 2, 3),
-                         Framework.TORCHTITAN: (0, 2, 3)}
-# ZeRO stage a user gets by naming only the framework: Megatron's distributed optimizer, DeepSpeed's
-# stage 1 (the optimizer-state partitioning Megatron-DeepSpeed uses), torchtitan's FSDP2 full shard.
-FRAMEWORK_DEFAULT_ZERO = {Framework.MEGATRON: 1, Framework.DEEPSPEED: 1, Framework.TORCHTITAN: 3}
-
-
-def default_zero(framework: str) -> int:
-    """The ZeRO stage of `framework` when the user does not name one (FRAMEWORK_DEFAULT_ZERO)."""
-    return FRAMEWORK_DEFAULT_ZERO[Framework(framework)]
 
 _FROZEN = ConfigDict(frozen=True, extra="forbid")
 

@@ -18,7 +18,8 @@ exactly as `estimate` does).
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from collections.abc import Callable
+from dataclasses import dataclass, field
 from functools import cached_property
 
 import numpy as np
@@ -40,33 +41,67 @@ from autopar.cost.step import (
 from autopar.hardware import Cluster
 from autopar.model.graph import ModelGraph
 from autopar.schema.plan import ParallelPlan, Recompute, RecomputeMode
+from autopar.search.space import as_plan
 
 MODES = tuple(RecomputeMode)
 
 
 @dataclass(frozen=True)
-class LayerTable:
-    """Per-layer costs of one split (tp, sp, cp, ep, etp, mbs, precision), in graph order
-    (embedding, decoders, MTP, head). Seconds per microbatch on one GPU; bytes on one GPU."""
+class MemoryColumns:
+    """The memory half of a LayerTable (bytes and parameters on one GPU, per layer)."""
 
-    is_decoder: np.ndarray  # bool
-    fb_s: np.ndarray  # forward + backward, no recompute
-    recompute_s: dict[str, np.ndarray]  # mode -> extra backward seconds (0 off the decoders)
     params_dense: np.ndarray  # parameters on one GPU outside the routed experts
     params_expert: np.ndarray  # routed-expert parameters on one GPU
     saved_bytes: dict[str, np.ndarray]  # mode -> bytes kept for backward, one microbatch
     work_bytes: dict[str, np.ndarray]  # mode -> transient bytes while recomputing the layer
+
+
+@dataclass(frozen=True)
+class LayerTable:
+    """Per-layer costs of one split (tp, sp, cp, ep, etp, mbs, precision), in graph order
+    (embedding, decoders, MTP, head). Seconds per microbatch on one GPU; bytes on one GPU. The
+    memory columns are built on first use: most tables only ever bound time."""
+
+    is_decoder: np.ndarray  # bool
+    fb_s: np.ndarray  # forward + backward, no recompute
+    recompute_s: dict[str, np.ndarray]  # mode -> extra backward seconds (0 off the decoders)
     p2p_s: tuple[float, float]  # send of one microbatch's stage boundary (inside a node, across)
+    memory_columns: Callable[[], MemoryColumns] = field(repr=False, compare=False)
+
+    @cached_property
+    def memory(self) -> MemoryColumns:
+        return self.memory_columns()
+
+    @property
+    def params_dense(self) -> np.ndarray:
+        return self.memory.params_dense
+
+    @property
+    def params_expert(self) -> np.ndarray:
+        return self.memory.params_expert
+
+    @property
+    def saved_bytes(self) -> dict[str, np.ndarray]:
+        return self.memory.saved_bytes
+
+    @property
+    def work_bytes(self) -> dict[str, np.ndarray]:
+        return self.memory.work_bytes
 
     @cached_property
     def num_decoders(self) -> int:
         return int(self.is_decoder.sum())
 
     @cached_property
-    def sums(self) -> dict[str, float]:
+    def time_sums(self) -> dict[str, float]:
         out = {"fb": float(self.fb_s.sum())}
         out.update({m: float(v.sum()) for m, v in self.recompute_s.items()})
         out["full_per_layer"] = float(self.recompute_s["full"][self.is_decoder].min())
+        return out
+
+    @cached_property
+    def sums(self) -> dict[str, float]:
+        out = dict(self.time_sums)
         out["dense"], out["expert"] = float(self.params_dense.sum()), float(self.params_expert.sum())
         out.update({f"saved_{m}": float(v.sum()) for m, v in self.saved_bytes.items()})
         return out
@@ -80,31 +115,39 @@ def split_key(plan: ParallelPlan) -> tuple:
 
 
 def layer_table(graph: ModelGraph, cluster: Cluster, plan: ParallelPlan, p: CostParams) -> LayerTable:
-    """The table of `plan`'s split, from the estimate's per-layer functions."""
+    """The table of `plan`'s split, from the estimate's per-layer functions (one row per layer
+    kind, spread over the graph's layers)."""
     st = setup(graph, cluster, plan, p)
     modules = split_key(plan)[-1]
-    mode_plans = {m: plan.model_copy(update={"recompute": Recompute(mode=m, modules=modules)}) for m in MODES}
-    kind_to_row: dict[str, tuple] = {}
-    rows = []
+    kind_to_index: dict[str, int] = {}
+    kinds: list = []  # one representative layer per kind
+    index = []
     for layer in graph.layers:
         key = layer.kind if layer.kind in ("dense", "moe") else layer.name
-        if key not in kind_to_row:
-            c = layer_cost(layer, st.split, st.spans, cluster, p, plan.tp_comm_overlap)
-            acts = {m: stage_activation_bytes([layer], mp, st.split.tokens) for m, mp in mode_plans.items()}
-            dense, expert, _ = stage_params([layer], plan, False, graph.layers[0])
-            dec = layer.kind in ("dense", "moe")
-            kind_to_row[key] = (dec, c.fwd_s + c.bwd_s, {m: c.recompute_s(m, modules) if dec else 0.0 for m in MODES},
-                                dense, expert, acts)
-        rows.append(kind_to_row[key])
+        if key not in kind_to_index:
+            kind_to_index[key] = len(kinds)
+            kinds.append(layer)
+        index.append(kind_to_index[key])
+    idx = np.array(index)
+    dec = np.array([layer.kind in ("dense", "moe") for layer in kinds])
+    costs = [layer_cost(layer, st.split, st.spans, cluster, p, plan.tp_comm_overlap) for layer in kinds]
+
+    def memory_columns() -> MemoryColumns:
+        mode_plans = {m: plan.model_copy(update={"recompute": Recompute(mode=m, modules=modules)}) for m in MODES}
+        acts = {m: np.array([stage_activation_bytes([layer], mp, st.split.tokens) for layer in kinds])
+                for m, mp in mode_plans.items()}  # (saved, work) per kind
+        params = np.array([stage_params([layer], plan, False, graph.layers[0])[:2] for layer in kinds])
+        return MemoryColumns(params_dense=params[idx, 0], params_expert=params[idx, 1],
+                             saved_bytes={m: a[idx, 0] for m, a in acts.items()},
+                             work_bytes={m: a[idx, 1] for m, a in acts.items()})
+
     p2p_bytes = st.split.tokens * graph.spec.hidden_size * BF16_BYTES / (plan.tp if plan.sequence_parallel else 1)
     return LayerTable(
-        is_decoder=np.array([r[0] for r in rows]), fb_s=np.array([r[1] for r in rows]),
-        recompute_s={m: np.array([r[2][m] for r in rows]) for m in MODES},
-        params_dense=np.array([r[3] for r in rows]), params_expert=np.array([r[4] for r in rows]),
-        saved_bytes={m: np.array([r[5][m][0] for r in rows]) for m in MODES},
-        work_bytes={m: np.array([r[5][m][1] for r in rows]) for m in MODES},
+        is_decoder=dec[idx], fb_s=np.array([c.fwd_s + c.bwd_s for c in costs])[idx],
+        recompute_s={m: np.array([c.recompute_s(m, modules) if d else 0.0 for c, d in zip(costs, dec)])[idx]
+                     for m in MODES},
         p2p_s=(comm.send_recv_s(p2p_bytes, False, cluster, p), comm.send_recv_s(p2p_bytes, True, cluster, p)),
-    )
+        memory_columns=memory_columns)
 
 
 class Pricer:
@@ -116,6 +159,9 @@ class Pricer:
         self._key_to_table: dict[tuple, LayerTable] = {}
         self._key_to_states: dict[tuple, tuple[float, float]] = {}
         self._key_to_extremes: dict[tuple, list[float]] = {}
+        self._key_to_params: dict[tuple, tuple[float, float]] = {}
+        self._key_to_bound: dict[tuple, float] = {}
+        self._key_to_prefixes: dict[tuple, tuple] = {}
         self._key_to_layout: dict[tuple, Layout] = {}
 
     def layout(self, plan: ParallelPlan) -> Layout:
@@ -131,12 +177,20 @@ class Pricer:
     def table(self, plan: ParallelPlan) -> LayerTable:
         key = split_key(plan)
         if key not in self._key_to_table:
-            self._key_to_table[key] = layer_table(self.graph, self.cluster, plan, self.p)
+            self._key_to_table[key] = layer_table(self.graph, self.cluster, as_plan(plan), self.p)
         return self._key_to_table[key]
 
     def time_lower_bound_s(self, plan: ParallelPlan) -> float:
         """≤ estimate(plan).step_time_s: the estimate's own pipeline closed form over the exact
-        per-rank forward + backward (+ recompute) sums, plus p2p; DP sync and optimizer left out."""
+        per-rank forward + backward (+ recompute) sums, plus p2p; DP sync and optimizer left out.
+        The same for every ZeRO stage (it prices no DP or optimizer term), so cached without it."""
+        r = plan.recompute
+        key = (split_key(plan), r.mode, r.num_layers, plan.pp, plan.vpp, plan.layers_per_stage, plan.global_batch)
+        if key not in self._key_to_bound:
+            self._key_to_bound[key] = self._time_lower_bound_s(plan)
+        return self._key_to_bound[key]
+
+    def _time_lower_bound_s(self, plan: ParallelPlan) -> float:
         ranks = self._rank_times(plan)
         layout = self.layout(plan)
         p2p_s = self.table(plan).p2p_s[layout.pp_crosses_nodes] if plan.pp > 1 else 0.0
@@ -152,6 +206,21 @@ class Pricer:
         per_seq = max(self._rank_times(plan)) / plan.mbs
         return per_seq * plan.global_batch / self.layout(plan).dp
 
+    def family_bound_s(self, plan: ParallelPlan) -> float:
+        """≤ group_bound_s of every plan sharing `plan`'s tp, pp, cp, ep, etp, ZeRO and sp with a
+        micro batch ≤ plan.mbs, whatever its vpp, recompute or layer split: the steady state
+        m · max_r t_r ≥ m · mean_r t_r = (B/dp) · Σ_layers t(b) / (pp · b), with recompute (≥ 0)
+        left out and the largest micro batch giving the least time per sequence (group_bound_s)."""
+        total = self.table(plan).time_sums["fb"]
+        return total / plan.mbs / plan.pp * plan.global_batch / self.layout(plan).dp
+
+    def layout_bound_s(self, plan: ParallelPlan) -> float:
+        """≤ family_bound_s of every plan sharing `plan`'s tp, cp, ep, etp and sp with a micro batch
+        ≤ plan.mbs, whatever its pp, ZeRO, vpp or recompute: dp · pp = gpus / (tp · cp), so the
+        family bound (B/dp) · Σ t(b) / (pp · b) = B · tp · cp / gpus · Σ t(b) / b."""
+        total = self.table(plan).time_sums["fb"]
+        return total / plan.mbs * plan.global_batch * plan.tp * plan.cp / self.layout(plan).num_gpus
+
     def _rank_times(self, plan: ParallelPlan) -> list[float]:
         """Forward + backward + recompute per microbatch of each pipeline rank. A full(K)
         plan is charged the cheapest decoder's recompute for min(K, layers) layers of each stage."""
@@ -165,7 +234,7 @@ class Pricer:
             lo, hi = np.array(stage_bounds(len(t.fb_s), counts, int(np.argmax(t.is_decoder)))).T
             stage = prefix[hi] - prefix[lo]
             if not uniform:
-                stage = stage + t.sums["full_per_layer"] * np.minimum(np.array(counts), r.num_layers)
+                stage = stage + t.time_sums["full_per_layer"] * np.minimum(np.array(counts), r.num_layers)
             ranks = stage.reshape(plan.vpp, plan.pp).sum(axis=0)
             self._key_to_extremes[key] = ranks.tolist()
         return self._key_to_extremes[key]
@@ -187,6 +256,60 @@ class Pricer:
         if key not in self._key_to_states:
             self._key_to_states[key] = state_bytes_per_param(self.layout(plan), plan)
         return self._key_to_states[key]
+
+    def param_sums(self, plan: ParallelPlan) -> tuple[float, float]:
+        """(dense, routed-expert) parameters on one GPU summed over the whole graph, by the
+        estimate's `stage_params`; they depend on tp, ep and etp only (= LayerTable.sums)."""
+        key = (plan.tp, plan.ep, plan.expert_tp)
+        if key not in self._key_to_params:
+            layers = self.graph.layers
+            parts = [stage_params([layer], plan, False, layers[0])[:2] for layer in layers]
+            self._key_to_params[key] = (float(np.sum([d for d, _ in parts])), float(np.sum([e for _, e in parts])))
+        return self._key_to_params[key]
+
+    def states_lower_bound_bytes(self, plan: ParallelPlan) -> float:
+        """The mean rank's model states (weights, grads, optimizer after ZeRO) with the estimate's
+        overheads, no activations: ≤ quick_memory_lower_bound_bytes, and the same for every micro
+        batch, vpp, recompute and layer split of the plan's degrees and ZeRO stage."""
+        per_dense, per_expert = self._state_bytes_per_param(plan)
+        dense, expert = self.param_sums(plan)
+        p = self.p
+        return memory.with_overheads((per_dense * dense + per_expert * expert) / plan.pp, p.cuda_context_bytes,
+                                     p.comm_buffer_bytes, p.fragmentation)
+
+    def rank_memory_lower_bound_bytes(self, plan: ParallelPlan) -> float:
+        """≤ memory_lower_bound_bytes without walking the graph: for ranks 0 and pp − 1, the model
+        states of their layers (table parameters × the bytes per parameter after ZeRO) plus the
+        activations the schedule keeps in flight (the estimate's own in-flight counts × the
+        table's saved bytes per microbatch) and the largest recomputing layer's working bytes,
+        with the estimate's overheads. Left out (both ≥ 0): FSDP gather buffers and the
+        tied-embedding copy. A full(K) plan, whose recompute is not uniform, gets the O(1) bound."""
+        r = plan.recompute
+        if r.mode == "full" and r.num_layers is not None:
+            return self.quick_memory_lower_bound_bytes(plan)
+        t = self.table(plan)
+        layout = self.layout(plan)
+        lo, hi = np.array(stage_bounds(len(t.fb_s), layout.stage_counts, int(np.argmax(t.is_decoder)))).T
+        dense, expert, saved = self._prefixes(t, r.mode)
+        work = t.work_bytes[r.mode]
+        per_dense, per_expert = self._state_bytes_per_param(plan)
+        states = (per_dense * (dense[hi] - dense[lo]) + per_expert * (expert[hi] - expert[lo])).reshape(plan.vpp, plan.pp)
+        chunk_saved = (saved[hi] - saved[lo]).reshape(plan.vpp, plan.pp)
+        chunk_work = np.maximum.reduceat(work, lo).reshape(plan.vpp, plan.pp)  # chunks are contiguous, non-empty
+        out = 0.0
+        for rank in {0, plan.pp - 1}:  # the rank's in-flight count (Layout.inflight) × its mean chunk
+            acts = layout.inflight[rank] * chunk_saved[:, rank].sum() / plan.vpp
+            out = max(out, float(states[:, rank].sum() + acts + chunk_work[:, rank].max()))
+        p = self.p
+        return memory.with_overheads(out, p.cuda_context_bytes, p.comm_buffer_bytes, p.fragmentation)
+
+    def _prefixes(self, t: LayerTable, mode: str) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+        key = (id(t), mode)
+        if key not in self._key_to_prefixes:
+            def prefix(a):
+                return np.concatenate(([0.0], np.cumsum(a)))
+            self._key_to_prefixes[key] = (prefix(t.params_dense), prefix(t.params_expert), prefix(t.saved_bytes[mode]))
+        return self._key_to_prefixes[key]
 
     def memory_lower_bound_bytes(self, plan: ParallelPlan) -> float:
         """Peak of ranks 0 and pp − 1 by the estimate's own `rank_memory`: ≤ estimate's peak."""

@@ -1,21 +1,27 @@
-"""The search driver: enumerate, bound, score, refine.
+"""The search driver: enumerate, bound, score, refine, rank.
 
-1. Enumerate the flat candidate list (autopar.search.space): every valid combination of degrees,
-   micro batch, ZeRO stage and recompute mode, with the default layer split.
-2. Bound: each candidate gets a cheap lower bound on its step time (autopar.search.costs: the
-   estimate's pipeline closed form over exact per-rank times). Candidates are visited best-first
-   in ascending bound order (ties by the plan's axes), and the walk stops as soon as a bound
-   exceeds the K-th best step time found so far — no later candidate can enter the top K. Plans
-   differing only in micro batch share one group bound until the group could still win.
-3. Score: a visited candidate whose first/last pipeline rank already overflows memory (the
-   estimate's own rank memory) is pruned; the rest are scored by `estimate`, the one model.
+1. Enumerate the valid candidates (autopar.search.space) as Drafts: every valid combination of
+   degrees, micro batch, ZeRO stage and recompute mode, with the default layer split.
+2. Bound: candidates nest as layouts (tp, cp, ep, etp, sp) ⊃ families (+ pp, ZeRO) ⊃ groups (all
+   but the micro batch) ⊃ plans; each level has a lower bound on the step time of everything
+   below it (autopar.search.costs: the estimate's own per-layer times), a family whose model
+   states alone overflow is dropped whole, and a level is expanded only when popped. Plans are
+   visited best-first in ascending bound order (ties by the plan's axes) until a bound exceeds
+   the best time of the top-th distinct family (autopar.search.rank.family): no later candidate
+   can enter the raw top K or change a family's best among them.
+3. Score: a visited candidate whose first/last pipeline rank already overflows memory is pruned;
+   the rest are scored by `estimate`, the one model (a plan that can change neither the raw top K
+   nor its family's best is deferred to step 5).
 4. Refine: for the best visited candidates, the partition DP (partition.py; vpp = 1) moves layers
-   between stages and the CP-SAT model (ilp.py) picks per-stage recompute, mapped onto full(K); the
-   refined plans are scored by `estimate` too, so a refinement is kept only when the estimate says
-   it is faster and fits.
+   between stages and the recompute program (ilp.py) picks per-stage recompute, mapped onto
+   full(K); the refined plans are scored by `estimate` too, so a refinement is kept only when
+   the estimate says it is faster and fits.
+5. Rank: inside the equivalence band of the fastest, each family's simplest plan is priced
+   (`_price_equivalents`), and autopar.search.rank lists the distinct alternatives.
 
-Step 2–3 is exact over the enumerated space: the best plan equals the minimum of `estimate` over
-every candidate (tests check this against brute force). Refinement can only improve on it.
+Steps 2–3 are exact over the enumerated space: the best plan equals the minimum of `estimate`
+over every candidate, and the distinct alternatives equal those of every candidate priced (tests
+check both against brute force). Refinement can only improve on it.
 """
 
 from __future__ import annotations
@@ -37,7 +43,8 @@ from autopar.schema.plan import FRAMEWORK_ZERO_STAGES, Framework, ParallelPlan, 
 from autopar.search.costs import Pricer, stage_inputs, stage_memory_model
 from autopar.search.ilp import recompute_problem, solve_recompute
 from autopar.search.partition import partition_layers
-from autopar.search.space import SpaceSpec, candidates, plan_problems, space_spec_for
+from autopar.search.rank import Row, distinct_rows, equivalence_band, family, simplicity_key
+from autopar.search.space import SpaceSpec, as_plan, candidate_bases, plan_problems, space_spec_for
 from autopar.units import GiB
 
 Progress = Callable[[str, int, int], None]  # (phase, done, total); phases: score, refine
@@ -64,10 +71,22 @@ class SearchResult:
     refined: int = 0
     num_gpus: int = 0
     notes: list[str] = field(default_factory=list)
+    alternatives: list[Row] = field(default_factory=list)  # autopar.search.rank: distinct rows for reading
+    band: float = 0.0  # relative step-time band of "equivalent within the model's error"
 
     @property
     def best(self) -> tuple[ParallelPlan, Estimate]:
         return self.plans[0]
+
+    @property
+    def chosen(self) -> tuple[ParallelPlan, Estimate]:
+        """The plan to run: the first alternative (the simplest of those equivalent to the fastest)."""
+        if self.alternatives:
+            return self.alternatives[0].plan, self.alternatives[0].estimate
+        return self.plans[0]
+
+    def equivalent_to_best(self, est: Estimate) -> bool:
+        return est.step_time_s <= self.plans[0][1].step_time_s * (1.0 + self.band)
 
 
 def plan_key(plan: ParallelPlan) -> tuple:
@@ -80,23 +99,28 @@ def plan_key(plan: ParallelPlan) -> tuple:
 
 @dataclass
 class _Walk:
-    """Mutable state of one branch-and-bound walk."""
+    """Mutable state of one branch-and-bound walk. `best` holds every fitting plan priced, fastest
+    first; the walk may stop once a bound passes `kth_s`, the best time of the top-th distinct
+    family (autopar.search.rank.family): every row of the listing outside the equivalence band,
+    and the raw top K, are then known (the band is priced afterwards, `_price_equivalents`)."""
 
     top: int
     capacity_bytes: float
+    band: float = 0.0
     best: list[tuple[float, tuple, ParallelPlan, Estimate]] = field(default_factory=list)
+    family_to_s: dict[tuple, float] = field(default_factory=dict)
+    family_to_members: dict[tuple, list[tuple[tuple, float]]] = field(default_factory=dict)  # (simplicity, s)
     visited: list[tuple[float, tuple, ParallelPlan]] = field(default_factory=list)
-    shortfalls: list[tuple[float, tuple, ParallelPlan, bool]] = field(default_factory=list)  # (bytes, key, plan, exact)
+    shortfalls: list[tuple[float, ParallelPlan, bool]] = field(default_factory=list)  # (bytes over, plan, exact)
     seen: set = field(default_factory=set)
     scored: int = 0
     feasible: int = 0
     refined: int = 0
     pruned_time: int = 0
     pruned_memory: int = 0
-
-    @property
-    def kth_s(self) -> float:
-        return self.best[self.top - 1][0] if len(self.best) >= self.top else math.inf
+    pruned_memory_early: int = 0  # of pruned_memory: whole families dropped before any time bound
+    kth_s: float = math.inf
+    deferred: list[tuple] = field(default_factory=list)  # heap entries left for the band (can_defer)
 
     def add(self, plan: ParallelPlan, est: Estimate) -> None:
         key = plan_key(plan)
@@ -104,7 +128,18 @@ class _Walk:
             return
         self.seen.add(key)
         bisect.insort(self.best, (est.step_time_s, key, plan, est), key=lambda x: (x[0], x[1]))
-        del self.best[self.top:]
+        fam = family(plan)
+        self.family_to_s[fam] = min(self.family_to_s.get(fam, math.inf), est.step_time_s)
+        self.family_to_members.setdefault(fam, []).append((simplicity_key(plan), est.step_time_s))
+        times = sorted(self.family_to_s.values())
+        self.kth_s = times[self.top - 1] if len(times) >= self.top else math.inf
+
+    def can_defer(self, plan, bound: float) -> bool:
+        """Pricing `plan` (time ≥ bound) now can change neither the raw top K (bound past its
+        top-th time) nor its family's best time; only the equivalence band may still want it."""
+        if len(self.best) < self.top or bound <= self.best[self.top - 1][0]:
+            return False
+        return bound >= self.family_to_s.get(family(plan), math.inf)
 
 
 def search(model: str, cluster: str, gpus: int, seq_len: int, global_batch: int, *, top: int = 5,
@@ -132,16 +167,20 @@ def search_graph(graph: ModelGraph, cluster: Cluster, p: CostParams, spec: Space
                  refine: bool = True) -> SearchResult:
     """`search` on loaded inputs (the form tests and notebooks with custom graphs use)."""
     start = time.perf_counter()
-    plans = candidates(spec)
+    bases = candidate_bases(spec)
     pricer = Pricer(graph, cluster, p)
-    walk = _Walk(top=top, capacity_bytes=usable_memory_bytes(cluster.hbm_bytes, memory_margin))
-    _branch_and_bound(plans, pricer, walk, memory_margin, progress)
+    band = equivalence_band()
+    walk = _Walk(top=top, capacity_bytes=usable_memory_bytes(cluster.hbm_bytes, memory_margin), band=band)
+    count, heap = _branch_and_bound(bases, pricer, walk, memory_margin, progress)
     if refine:
         _refine(spec, pricer, walk, memory_margin, progress)
+    _price_equivalents(heap, pricer, walk, memory_margin)
+    walk.pruned_time = count - walk.pruned_memory_early - len(walk.visited)
     if not walk.best:
         raise NoFeasiblePlanError(_nothing_fits_message(spec, pricer, walk, memory_margin))
+    found = [(plan, est) for _, _, plan, est in walk.best]
     return SearchResult(
-        plans=[(plan, est) for _, _, plan, est in walk.best], candidates=len(plans),
+        plans=found[:top], alternatives=distinct_rows(found, top, band), band=band, candidates=count,
         pruned=walk.pruned_time + walk.pruned_memory, scored=walk.scored, feasible=walk.feasible,
         time_s=time.perf_counter() - start, pruned_time=walk.pruned_time, pruned_memory=walk.pruned_memory,
         refined=walk.refined, num_gpus=cluster.num_gpus)
@@ -157,69 +196,153 @@ def refine_plan(graph: ModelGraph, cluster: Cluster, p: CostParams, plan: Parall
     walk = _Walk(top=8, capacity_bytes=usable_memory_bytes(cluster.hbm_bytes, memory_margin))
     for variant in _variants(spec, pricer, plan, memory_margin):
         _score_refined(spec, pricer, walk, variant, memory_margin)
-    return [(x, est) for _, _, x, est in walk.best]
+    return [(x, est) for _, _, x, est in walk.best][:8]
 
 
-def _branch_and_bound(plans: list[ParallelPlan], pricer: Pricer, walk: _Walk, memory_margin: float,
-                      progress: Progress | None) -> None:
+def _branch_and_bound(bases: list, pricer: Pricer, walk: _Walk, memory_margin: float,
+                      progress: Progress | None) -> tuple[int, list]:
     """Best-first over candidates by ascending time bound; stop when the bound passes the K-th best.
+    Returns the candidate count and the heap left (what the equivalence band may still need).
 
-    Plans that differ only in micro batch form a group whose bound needs one cost table (that of
-    its largest micro batch, see Pricer.group_bound_s); a group is expanded into per-plan bounds
-    only when it is popped, i.e. when it could still beat the K-th best. The plans visited, and
-    their order, are those of bounding every plan up front."""
+    Candidates are nested: a layout (tp, cp, ep, etp, sp) holds families (+ pp, ZeRO), which hold
+    groups (their plans that differ only in micro batch), which hold plans. Layouts and families
+    are bounded by one summed cost table each (Pricer.layout_bound_s, family_bound_s), and a family
+    is dropped whole when its model states alone overflow memory; each level is expanded into the
+    bounds of the next (down to Pricer.time_lower_bound_s per plan) only when popped, i.e. when it
+    could still beat the K-th best. Each level's bound is ≤ those below it, so the plans visited,
+    and their order, are those of bounding every plan up front."""
     heap: list[tuple[float, int, tuple, object]] = []
-    for key, members in _mbs_groups(plans, pricer).items():
-        if len(members) == 1:
-            heap.append((pricer.time_lower_bound_s(members[0]), 1, plan_key(members[0]), members[0]))
-        else:
-            heap.append((pricer.group_bound_s(max(members, key=lambda x: x.mbs)), 0, key, members))
+    layouts, total = _nest(bases, pricer)
+    for lkey, families in layouts.items():
+        heap.append((pricer.layout_bound_s(_largest_mbs(families)), 0, lkey, families))
     heapq.heapify(heap)
-    done = 0
-    while heap:
-        bound, is_plan, key, item = heapq.heappop(heap)
-        if bound > walk.kth_s:
-            break
-        if not is_plan:
-            for plan in item:
-                heapq.heappush(heap, (pricer.time_lower_bound_s(plan), 1, plan_key(plan), plan))
+    while heap and heap[0][0] <= walk.kth_s:
+        entry = heapq.heappop(heap)
+        if entry[1] < 3:
+            _expand(heap, entry, pricer, walk)
             continue
-        done += 1
-        if progress and done % 64 == 0:
-            progress("score", done, len(plans))
-        _visit(item, bound, key, pricer, walk, memory_margin)
+        bound, _, key, draft = entry
+        if walk.can_defer(draft, bound):
+            walk.deferred.append(entry)
+            continue
+        if progress and len(walk.visited) % 64 == 63:
+            progress("score", len(walk.visited) + 1, total)
+        _visit(draft, bound, key, pricer, walk, memory_margin)
     if progress:
-        progress("score", done, len(plans))
-    walk.pruned_time = len(plans) - done
+        progress("score", total, total)  # every candidate is now scored or pruned
+    return total, heap
 
 
-def _mbs_groups(plans: list[ParallelPlan], pricer: Pricer) -> dict[tuple, list[ParallelPlan]]:
-    """Plans keyed by every axis but the micro batch; with a profiled GEMM table (whose efficiency
-    need not grow with m) every plan is its own group, so every bound stays a true lower bound."""
-    groups: dict[tuple, list[ParallelPlan]] = {}
-    for plan in plans:
-        full = plan_key(plan)
-        key = full[:6] + full[7:] if not pricer.p.gemm_table else full  # plan_key()[6] is mbs
-        groups.setdefault(key, []).append(plan)
-    return groups
+def _expand(heap: list, entry: tuple, pricer: Pricer, walk: _Walk) -> None:
+    """Push the children of a popped layout (0), family (1) or group (2) with their bounds."""
+    _, level, _, item = entry
+    if level == 0:
+        for fkey, groups in item.items():
+            _push_family(heap, fkey, groups, pricer, walk)
+    elif level == 1:
+        for gkey, members in item.items():
+            if len(members) == 1:
+                heapq.heappush(heap, (pricer.time_lower_bound_s(members[0]), 3, plan_key(members[0]), members[0]))
+            else:
+                heapq.heappush(heap, (pricer.group_bound_s(max(members, key=lambda x: x.mbs)), 2, gkey, members))
+    else:
+        for plan in item:
+            heapq.heappush(heap, (pricer.time_lower_bound_s(plan), 3, plan_key(plan), plan))
 
 
-def _visit(plan: ParallelPlan, bound: float, key: tuple, pricer: Pricer, walk: _Walk, memory_margin: float) -> None:
+def _price_equivalents(heap: list, pricer: Pricer, walk: _Walk, memory_margin: float) -> None:
+    """Price what the listing needs inside the equivalence band: each family's simplest plan within
+    (1 + band) of the fastest (autopar.search.rank.distinct_rows). Candidates deferred by the walk
+    or left on the heap with a bound inside the band are taken family by family in SIMPLICITY order; a family stops at its
+    first plan that fits inside the band (after its equally simple ones, which may be faster), or
+    at a plan less simple than one it already has inside the band. The fastest is final here: the
+    heap's bounds are past the K-th family's time, so nothing left can beat it."""
+    if not walk.best:
+        return
+    edge = walk.best[0][0] * (1.0 + walk.band)
+    fam_to_pending: dict[tuple, list] = {}
+    for bound, _, key, draft in walk.deferred:
+        if bound <= edge:
+            fam_to_pending.setdefault(family(draft), []).append((simplicity_key(draft), bound, key, draft))
+    while heap and heap[0][0] <= edge:
+        entry = heapq.heappop(heap)
+        if entry[1] < 3:
+            _expand(heap, entry, pricer, walk)
+        else:
+            bound, _, key, draft = entry
+            fam_to_pending.setdefault(family(draft), []).append((simplicity_key(draft), bound, key, draft))
+    for fam in sorted(fam_to_pending):
+        inside = [k for k, s in walk.family_to_members.get(fam, ()) if s <= edge]
+        limit = min(inside) if inside else None  # simplest member already inside the band
+        for simple, bound, key, draft in sorted(fam_to_pending[fam], key=lambda x: (x[0], x[1], x[2])):
+            if limit is not None and simple > limit:
+                break
+            est = _visit(draft, bound, key, pricer, walk, memory_margin)
+            if est is not None and est.fits and est.step_time_s <= edge:
+                limit = simple if limit is None else min(limit, simple)
+
+
+def _push_family(heap: list, fkey: tuple, groups: dict, pricer: Pricer, walk: _Walk) -> None:
+    """A family's bound onto the heap, or the whole family dropped when its states overflow."""
+    members = [plan for group in groups.values() for plan in group]
+    low = pricer.states_lower_bound_bytes(members[0])  # equal for every member of the family
+    if low > walk.capacity_bytes:  # no micro batch, vpp, recompute or split makes it fit
+        walk.pruned_memory += len(members)
+        walk.pruned_memory_early += len(members)
+        walk.shortfalls.extend((low - walk.capacity_bytes, plan, False) for plan in members)
+        return
+    heapq.heappush(heap, (pricer.family_bound_s(max(members, key=lambda x: x.mbs)), 1, fkey, groups))
+
+
+def _largest_mbs(families: dict) -> object:
+    return max((plan for groups in families.values() for group in groups.values() for plan in group),
+               key=lambda x: x.mbs)
+
+
+def _nest(bases: list, pricer: Pricer) -> tuple[dict[tuple, dict[tuple, dict[tuple, list]]], int]:
+    """Candidates by layout (tp, cp, ep, etp, sp), family (+ pp, ZeRO) and group (every axis but
+    the micro batch), and their count. With a profiled GEMM table (whose efficiency need not grow
+    with m) the micro batch joins every key, so that every bound stays a true lower bound."""
+    rec_order: dict[int, tuple] = {}
+    out: dict[tuple, dict[tuple, dict[tuple, list]]] = {}
+    per_mbs = bool(pricer.p.gemm_table)
+    total = 0
+    for d, variants in bases:  # keys once per recompute-free base (hot loop: attributes inlined)
+        tp, sp, etp = d.tp, d.sp, d.etp
+        lkey = (tp, d.cp, d.ep, tp if etp is None else etp, tp > 1 if sp is None else sp)
+        if per_mbs:
+            lkey += (d.mbs,)
+        fkey = lkey + (d.pp, d.zero)
+        prefix = fkey + (d.vpp,)
+        groups = out.setdefault(lkey, {}).setdefault(fkey, {})
+        total += len(variants)
+        for v in variants:
+            r = v.recompute
+            if id(r) not in rec_order:
+                rec_order[id(r)] = (_MODE_ORDER[r.mode], -1 if r.num_layers is None else r.num_layers, r.modules)
+            groups.setdefault(prefix + rec_order[id(r)], []).append(v)
+    return out, total
+
+
+def _visit(draft, bound: float, key: tuple, pricer: Pricer, walk: _Walk, memory_margin: float) -> Estimate | None:
+    """Memory bounds, then `estimate`; the estimate when the plan was priced."""
+    plan = draft.to_plan()
     walk.visited.append((bound, key, plan))
     low = pricer.quick_memory_lower_bound_bytes(plan)
-    if low <= walk.capacity_bytes:
-        low = pricer.memory_lower_bound_bytes(plan)
+    if low <= walk.capacity_bytes:  # (the table bound nearly always equals the exact rank memory: no graph walk)
+        low = pricer.rank_memory_lower_bound_bytes(plan)
     if low > walk.capacity_bytes:
         walk.pruned_memory += 1
-        walk.shortfalls.append((low - walk.capacity_bytes, key, plan, False))
-        return
+        walk.shortfalls.append((low - walk.capacity_bytes, plan, False))
+        return None
     est = estimate(pricer.graph, pricer.cluster, plan, pricer.p, memory_margin)
     walk.scored += 1
     if est.fits:
         walk.feasible += 1
         walk.add(plan, est)
     else:
-        walk.shortfalls.append((est.peak_memory_bytes - walk.capacity_bytes, key, plan, True))
+        walk.shortfalls.append((est.peak_memory_bytes - walk.capacity_bytes, plan, True))
+    return est
 
 
 def _refine(spec: SpaceSpec, pricer: Pricer, walk: _Walk, memory_margin: float, progress: Progress | None) -> None:
@@ -228,7 +351,7 @@ def _refine(spec: SpaceSpec, pricer: Pricer, walk: _Walk, memory_margin: float, 
     if walk.best:
         pool = [x for _, _, x in walk.visited if x.recompute.mode != RecomputeMode.FULL]
     else:  # nothing fits yet: try the candidates closest to fitting
-        pool = [x for _, _, x, _ in sorted(walk.shortfalls, key=lambda t: (t[0], t[1]))]
+        pool = [as_plan(x) for _, x, _ in sorted(walk.shortfalls, key=lambda t: (t[0], plan_key(t[1])))]
     limit, done = max(REFINE_POOL, walk.top), 0
     for plan in pool:
         if done >= limit:
@@ -250,6 +373,7 @@ def _worth_refining(plan: ParallelPlan, pricer: Pricer, walk: _Walk) -> bool:
         return False
     full = plan.model_copy(update={"recompute": Recompute(mode=RecomputeMode.FULL)})
     return (pricer.quick_memory_lower_bound_bytes(full) <= walk.capacity_bytes
+            and pricer.rank_memory_lower_bound_bytes(full) <= walk.capacity_bytes
             and pricer.memory_lower_bound_bytes(full) <= walk.capacity_bytes)
 
 
@@ -300,11 +424,12 @@ def _nothing_fits_message(spec: SpaceSpec, pricer: Pricer, walk: _Walk, memory_m
     # Best-first over lower bounds: a bound is re-priced exactly only while it could still beat the
     # best exact shortfall found, so the plan named is the true closest among those visited.
     best: tuple[float, tuple, ParallelPlan] | None = None
-    for short, key, plan, is_exact in sorted(walk.shortfalls, key=lambda t: (t[0], t[1])):
+    for short, plan, is_exact in sorted(walk.shortfalls, key=lambda t: (t[0], plan_key(t[1]))):
+        key = plan_key(plan)
         if best is not None and (short, key) >= best[:2]:
             break
         if not is_exact:
-            est = estimate(pricer.graph, pricer.cluster, plan, pricer.p, memory_margin)
+            est = estimate(pricer.graph, pricer.cluster, as_plan(plan), pricer.p, memory_margin)
             short = est.peak_memory_bytes - walk.capacity_bytes
         if best is None or (short, key) < best[:2]:
             best = (short, key, plan)

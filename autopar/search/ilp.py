@@ -25,6 +25,14 @@ Objective
     minimize (vpp·m − 1) · M + Σ_r t_r, vpp times the closed form m·max_r t_r + (Σ_r t_r − max_r t_r)/vpp
     of autopar.cost.step, without its plan-independent terms.
 
+Solving: the objective is non-decreasing in every t_r (M = max_r t_r at the optimum) and no
+constraint couples two stages, so the optimum is each stage at its own least feasible t_r.
+`solve_recompute` therefore minimizes stage by stage over the (f_r, s_r) grid, exactly and
+without OR-Tools (whose import alone costs the CLI about 0.8 s: issue 15); the CP-SAT model
+below (`solve_recompute(problem, method="cp-sat")`) states the same program and is kept as the
+cross-check the tests run against it and brute force. Ties go to the least full, then the least
+selective recompute.
+
 Costs are scaled to integers (nanoseconds, bytes; memory rounded up so a fitting solution fits).
 Per-layer values are the mean over the stage's decoder layers, exact when they are alike (every
 dense model; DeepSeek's first dense layers make stage 0 an approximation). The solver runs with
@@ -46,7 +54,6 @@ from dataclasses import dataclass
 from itertools import product
 
 import numpy as np
-from ortools.sat.python import cp_model
 
 from autopar.errors import NoFeasiblePlanError
 from autopar.schema.plan import Recompute
@@ -104,6 +111,9 @@ class RecomputeModel:
     """Builds and solves the CP-SAT model of one RecomputeProblem."""
 
     def __init__(self, problem: RecomputeProblem) -> None:
+        from ortools.sat.python import cp_model  # heavy (≈0.8 s): only when this model is asked for
+
+        self.cp = cp_model
         self.pb = problem
         self.model = cp_model.CpModel()
         self._add_variables()
@@ -151,6 +161,7 @@ class RecomputeModel:
         self.model.minimize((self.pb.vpp * self.pb.num_microbatches - 1) * self.makespan + sum(self.t))
 
     def solve(self) -> RecomputeSolution:
+        cp_model = self.cp
         solver = cp_model.CpSolver()
         solver.parameters.num_workers = 1
         solver.parameters.random_seed = SOLVER_SEED
@@ -170,8 +181,46 @@ class RecomputeModel:
                                  objective_ns=int(round(solver.objective_value)), status=name, vpp=self.pb.vpp)
 
 
-def solve_recompute(problem: RecomputeProblem) -> RecomputeSolution:
-    return RecomputeModel(problem).solve()
+def solve_recompute(problem: RecomputeProblem, method: str = "stagewise") -> RecomputeSolution:
+    """The optimum of `problem`: stage by stage (default; see the module docstring for why that is
+    exact) or by the CP-SAT model (method="cp-sat"). Raises NoFeasiblePlanError when some stage
+    does not fit even with full recompute of every layer."""
+    if method == "cp-sat":
+        return RecomputeModel(problem).solve()
+    if method != "stagewise":
+        raise ValueError(f"unknown recompute solver {method!r}; use 'stagewise' or 'cp-sat'")
+    full, selective = [], []
+    for r in range(problem.stages):
+        best = _best_stage_choice(problem, r)
+        if best is None:
+            raise NoFeasiblePlanError(_infeasible_message(problem))
+        full.append(best[0])
+        selective.append(best[1])
+    value = objective_ns(problem, tuple(full), tuple(selective))
+    return RecomputeSolution(full=tuple(full), selective=tuple(selective), objective_ns=value, status="OPTIMAL",
+                             vpp=problem.vpp)
+
+
+def _best_stage_choice(pb: RecomputeProblem, r: int) -> tuple[int, int] | None:
+    """(f_r, s_r) with the least t_r among those that fit stage r (ties: least f, then least s);
+    None when none fits. Integer arithmetic on the whole grid f + s ≤ L_r, as objective_ns does."""
+    n_layers = pb.layers[r]
+    f, s = np.meshgrid(np.arange(n_layers + 1, dtype=np.int64), np.arange(n_layers + 1, dtype=np.int64),
+                       indexing="ij")
+    ok = f + s <= n_layers
+    f, s = f[ok], s[ok]
+    n = n_layers - f - s
+    work = np.maximum(np.where(f > 0, pb.work_full_bytes[r], 0), np.where(s > 0, pb.work_sel_bytes[r], 0))
+    k, v = pb.inflight[r], pb.vpp
+    mem = v * (pb.state_bytes[r] + work) + k * (pb.fixed_saved_bytes[r] + f * pb.full_bytes[r]
+                                                + s * pb.sel_bytes[r] + n * pb.none_bytes[r])
+    fits = mem <= v * pb.usable_bytes
+    if not fits.any():
+        return None
+    f, s = f[fits], s[fits]
+    t = pb.base_ns[r] + f * pb.full_ns[r] + s * pb.sel_ns[r]
+    i = np.lexsort((s, f, t))[0]  # least t, then f, then s
+    return int(f[i]), int(s[i])
 
 
 def _infeasible_message(pb: RecomputeProblem) -> str:

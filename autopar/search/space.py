@@ -24,7 +24,7 @@ from __future__ import annotations
 import math
 from collections.abc import Iterator
 from dataclasses import dataclass, field
-from typing import Any
+from typing import Any, NamedTuple
 
 from autopar.cost.step import DEFAULT_MEMORY_MARGIN  # noqa: F401 (re-exported: the one margin)
 from autopar.errors import InvalidPlanError, NoFeasiblePlanError
@@ -184,8 +184,55 @@ def model_parallel_degrees(spec: SpaceSpec) -> Iterator[tuple[int, int, int, int
                 yield tp, pp, cp, dp
 
 
-def raw_candidates(spec: SpaceSpec) -> Iterator[ParallelPlan]:
-    """Every combination the generators produce, before the validator."""
+_PLAN_ATTRS = vars(ParallelPlan)
+
+
+class Draft(NamedTuple):
+    """A candidate before it becomes a ParallelPlan: the searched axes and the spec's constants,
+    with ParallelPlan's own derived properties (borrowed, not re-implemented), so the one plan
+    validator and the search's bounds read it as they read a plan. Building a validated Pydantic
+    plan costs ~20 µs; the search makes one only for the candidates it visits (`to_plan`)."""
+
+    tp: int
+    pp: int
+    cp: int
+    ep: int
+    etp: int | None
+    vpp: int
+    mbs: int
+    zero: int
+    sp: bool | None
+    recompute: Recompute
+    global_batch: int
+    seq_len: int
+    precision: str
+    framework: str
+    cp_comm_type: str
+    # Fields the generators leave at ParallelPlan's defaults (class attributes, not tuple fields).
+    zero_shard_size = None
+    layers_per_stage = None
+    tp_comm_overlap = False
+
+    expert_tp = _PLAN_ATTRS["expert_tp"]
+    sequence_parallel = _PLAN_ATTRS["sequence_parallel"]
+    schedule = _PLAN_ATTRS["schedule"]
+    model_parallel_size = _PLAN_ATTRS["model_parallel_size"]
+    dp_for = _PLAN_ATTRS["dp_for"]
+    num_microbatches = _PLAN_ATTRS["num_microbatches"]
+    layout = _PLAN_ATTRS["layout"]
+
+    def to_plan(self) -> ParallelPlan:
+        return ParallelPlan(**self._asdict())
+
+
+def as_plan(plan: ParallelPlan | Draft) -> ParallelPlan:
+    return plan.to_plan() if isinstance(plan, Draft) else plan
+
+
+def _recompute_free(spec: SpaceSpec) -> Iterator[Draft]:
+    """One draft per combination of every axis but recompute (which the validator never reads)."""
+    first = recompute_options(spec)[0]
+    consts = (spec.global_batch, spec.seq_len, spec.precision, spec.framework, _CP_COMM_TYPE[spec.framework])
     for tp, pp, cp, dp in model_parallel_degrees(spec):
         for mbs in mbs_options(spec, dp):
             m = spec.global_batch // (dp * mbs) if dp * mbs else 0
@@ -194,30 +241,27 @@ def raw_candidates(spec: SpaceSpec) -> Iterator[ParallelPlan]:
                     for vpp in vpp_options(spec, pp, m):
                         for zero in zero_options(spec):
                             for sp in sp_options(spec, tp):
-                                for recompute in recompute_options(spec):
-                                    yield ParallelPlan(
-                                        tp=tp, pp=pp, cp=cp, ep=ep, etp=etp, vpp=vpp, mbs=mbs,
-                                        global_batch=spec.global_batch, seq_len=spec.seq_len, zero=zero, sp=sp,
-                                        recompute=recompute, precision=spec.precision, framework=spec.framework,
-                                        cp_comm_type=_CP_COMM_TYPE[spec.framework],
-                                        layers_per_stage=framework_split(spec, pp, vpp))
+                                yield Draft(tp, pp, cp, ep, etp, vpp, mbs, zero, sp, first, *consts)
 
 
-def framework_split(spec: SpaceSpec, pp: int, vpp: int) -> tuple[int, ...] | None:
-    """The layer split the target framework makes by itself when it differs from autopar's default:
-    torchtitan's (embedding and head weighed as one layer each); None = the default split."""
-    if spec.framework != "torchtitan" or pp == 1:
-        return None
-    from autopar.cost.layout import stage_layer_counts
-    from autopar.export.torchtitan import torchtitan_layer_counts
+def raw_candidates(spec: SpaceSpec) -> Iterator[Draft]:
+    """Every combination the generators produce, before the validator (recompute innermost)."""
+    options = recompute_options(spec)
+    for base in _recompute_free(spec):
+        yield base
+        yield from _with_recompute(base, options[1:])
 
-    counts = torchtitan_layer_counts(spec.num_layers, pp * vpp)
-    return counts if counts is not None and counts != stage_layer_counts(spec.num_layers, pp * vpp) else None
+
+def _with_recompute(base: Draft, options: list[Recompute]) -> Iterator[Draft]:
+    head, tail = base[:9], base[10:]  # Draft fields before and after recompute
+    for r in options:
+        yield tuple.__new__(Draft, (*head, r, *tail))
 
 
 def count_raw_candidates(spec: SpaceSpec) -> int:
-    """len(list(raw_candidates(spec))) without building a plan: the same loops, multiplied out over
-    the axes that do not depend on the micro batch."""
+    """The number of combinations the generators produce (before the validator) without building
+    one: the loops of _recompute_free × the recompute options, multiplied out over the axes that do
+    not depend on the micro batch."""
     per_rest = len(zero_options(spec)) * len(recompute_options(spec))
     total = 0
     for tp, pp, cp, dp in model_parallel_degrees(spec):
@@ -236,19 +280,42 @@ _CP_COMM_TYPE = {Framework.MEGATRON: "p2p", Framework.DEEPSPEED: "p2p", Framewor
 def candidates(spec: SpaceSpec) -> list[ParallelPlan]:
     """The flat list of valid candidates. When nothing is valid, raise InvalidPlanError (with
     `fix`: it quotes the validator on a pinned combination) or NoFeasiblePlanError (without)."""
+    return [d.to_plan() for d in candidate_drafts(spec)]
+
+
+def candidate_drafts(spec: SpaceSpec) -> list[Draft]:
+    """`candidates` as Drafts (the search's form: plans are built only for what it visits)."""
+    return [d for _, variants in candidate_bases(spec) for d in variants]
+
+
+def candidate_bases(spec: SpaceSpec) -> list[tuple[Draft, tuple[Draft, ...]]]:
+    """Each valid combination of every axis but recompute, with its valid recompute variants."""
     out, first_problem = [], None
     kwargs = spec.validator_kwargs()
+    refuses = spec.framework != Framework.MEGATRON and spec.model_spec is not None
     count = count_raw_candidates(spec)
     if count > MAX_RAW_CANDIDATES:
         raise InvalidPlanError(f"the search space has {count:,} candidate plans on {spec.num_gpus:,} GPUs, over the "
                                f"{MAX_RAW_CANDIDATES:,} a search takes; pin axes with --fix (e.g. mbs=1,vpp=1) or "
                                "lower --max-tp, the GPU count or the global batch")
-    for plan in raw_candidates(spec):
-        problems = plan_problems(spec, plan, kwargs)
+    options = recompute_options(spec)
+    for base in _recompute_free(spec):  # the validator does not read recompute: validate once
+        problems = plan_violations(base, **kwargs)
         if problems:
             first_problem = first_problem or problems
             continue
-        out.append(plan)
+        variants = (base, *_with_recompute(base, options[1:]))
+        if refuses:
+            kept = []
+            for draft in variants:
+                problems = framework_problems(spec, draft.to_plan())
+                if problems:
+                    first_problem = first_problem or problems
+                else:
+                    kept.append(draft)
+            variants = tuple(kept)
+        if variants:
+            out.append((base, variants))
     if not out:
         pinned = ", ".join(f"{k}={v.label() if isinstance(v, Recompute) else v}" for k, v in spec.fix.items())
         why = "; ".join(first_problem) if first_problem else _why_empty(spec)
@@ -257,16 +324,20 @@ def candidates(spec: SpaceSpec) -> list[ParallelPlan]:
     return out
 
 
-def plan_problems(spec: SpaceSpec, plan: ParallelPlan, kwargs: dict | None = None) -> list[str]:
-    """The search's filter: the plan validator, then the target framework's export refusals (the
-    very function the exporters refuse with, autopar.export.framework_refusals). The driver
-    applies it to candidates and to the plans the DP/ILP refine them into."""
-    problems = plan_violations(plan, **(kwargs if kwargs is not None else spec.validator_kwargs()))
-    if problems or spec.framework == "megatron" or spec.model_spec is None:
-        return problems
+def framework_problems(spec: SpaceSpec, plan: ParallelPlan) -> list[str]:
+    """The target framework's export refusals of `plan`: the very function the exporters refuse
+    with (autopar.export.framework_refusals); empty under Megatron, whose rules are the validator's."""
+    if spec.framework == Framework.MEGATRON or spec.model_spec is None:
+        return []
     from autopar.export import framework_refusals  # local: export imports the cost model
 
     return framework_refusals(spec.model_spec, spec.num_gpus, plan)
+
+
+def plan_problems(spec: SpaceSpec, plan: ParallelPlan) -> list[str]:
+    """The search's whole filter for a plan it did not enumerate (the DP/ILP's refinements): the
+    plan validator, then the framework's refusals (a refined full(K) torchtitan cannot run)."""
+    return plan_violations(plan, **spec.validator_kwargs()) or framework_problems(spec, plan)
 
 
 def _why_empty(spec: SpaceSpec) -> str:

@@ -1,0 +1,63 @@
+"""Start-up stays light (issue 15): heavy libraries are imported only by the commands that use them."""
+
+import json
+import subprocess
+import sys
+
+from typer.testing import CliRunner
+
+from autopar import catalog
+
+HEAVY = ("ortools", "matplotlib", "torch", "pandas")
+
+
+def _imported_after(code: str) -> set[str]:
+    """Module names in sys.modules (and their top-level packages) after running `code` in a fresh interpreter."""
+    probe = code + "\nimport sys, json\nprint(json.dumps(sorted(sys.modules)))"
+    out = subprocess.run([sys.executable, "-c", probe], capture_output=True, text=True, check=True).stdout
+    names = set(json.loads(out.splitlines()[-1]))
+    return names | {m.split(".")[0] for m in names}
+
+
+def test_importing_the_cli_imports_no_heavy_library():
+    loaded = _imported_after("import autopar.cli")
+    assert not loaded & set(HEAVY), loaded & set(HEAVY)
+    assert "numpy" not in loaded and "autopar.api" not in loaded  # the cost model waits for a command
+
+
+def test_help_and_models_import_no_heavy_library():
+    for argv in (["--help"], ["models"]):
+        loaded = _imported_after(f"import sys\nsys.argv = ['autopar', *{argv!r}]\nimport autopar.cli\n"
+                                 "try:\n    autopar.cli.main()\nexcept SystemExit:\n    pass")
+        assert not loaded & {*HEAVY, "numpy"}, (argv, loaded & {*HEAVY, "numpy"})
+
+
+def test_search_does_not_import_or_tools():
+    """The plan command's search solves the recompute program stage by stage (exact, see ilp.py);
+    OR-Tools is only imported when the CP-SAT cross-check is asked for."""
+    loaded = _imported_after("from autopar.search import search\n"
+                             "search('llama3-8b', 'dgx-h100', 16, 4096, 32, refine=True)")
+    assert "ortools" not in loaded and "matplotlib" not in loaded
+
+
+def test_model_catalog_is_current_and_equals_the_graphs():
+    """The shipped catalogue (what `autopar models` prints) is fresh and equals the built graphs."""
+    data = json.loads(catalog.CATALOG_PATH.read_text())
+    assert data["fingerprint"] == catalog.fingerprint(), (
+        "the preset catalogue is stale (presets, graph or ModelSpec changed): run `python -m autopar.catalog` "
+        "and commit autopar/model_catalog.json")
+    assert data["models"] == catalog.computed_rows()
+
+
+def test_models_command_lists_every_preset_with_its_size():
+    from autopar.cli import app
+    from autopar.model import PRESET_NAMES, load_model
+
+    result = CliRunner().invoke(app, ["models", "--json"])
+    assert result.exit_code == 0
+    rows = json.loads(result.stdout)["models"]
+    assert [r["name"] for r in rows] == list(PRESET_NAMES)
+    g = load_model("deepseek-v3")
+    row = next(r for r in rows if r["name"] == "deepseek-v3")
+    assert (row["total_params"], row["active_params"]) == (g.total_params, g.active_params)
+    assert 6.7e11 < row["total_params"] < 6.9e11  # DeepSeek-V3: 671B + 14B MTP (arXiv 2412.19437)
