@@ -60,14 +60,39 @@ def _from_free(x: float, kind: str) -> float:
     return math.exp(min(x, 60.0))
 
 
-def with_values(base: CostModelFile, values: dict[str, float]) -> CostModelFile:
-    """A copy of `base` with the named free parameters replaced."""
+FRAMEWORK_FIELDS = {"gemm_max": ("compute", "unit"), "hbm_efficiency": ("compute", "unit"),
+                    "inter_node": ("network", "unit"), "intra_node": ("network", "unit"),
+                    "collective_overhead_us": ("network", "pos"), "kernel_overhead_us": ("compute", "pos"),
+                    "fp8_speedup": ("compute", "ratio2")}
+
+
+def _spec(name: str) -> tuple[str | None, str, str, str]:
+    """(framework or None, section, field, transform) of a free-parameter name; "fw.field" names a
+    framework's own efficiency (cost-model file `frameworks` section)."""
+    if "." in name:
+        framework, field_name = name.split(".", 1)
+        section, kind = FRAMEWORK_FIELDS[field_name]
+        return framework, section, field_name, kind
+    section, field_name, kind = FREE_PARAMETERS[name]
+    return None, section, field_name, kind
+
+
+def with_values(base: CostModelFile, values: dict[str, float], fit_note: str = "") -> CostModelFile:
+    """A copy of `base` with the named free parameters replaced ("fw.field": a framework's own)."""
+    from autopar.schema.cost_model import FrameworkEfficiency
+
     sections: dict[str, dict] = {}
+    frameworks = dict(base.frameworks)
     for name, value in values.items():
-        section, field_name, _ = FREE_PARAMETERS[name]
-        sections.setdefault(section, {})[field_name] = value
+        framework, section, field_name, _ = _spec(name)
+        if framework is None:
+            sections.setdefault(section, {})[field_name] = value
+            continue
+        current = frameworks.get(framework) or FrameworkEfficiency(source=fit_note or "set by with_values")
+        updated = {**getattr(current, section), field_name: value}
+        frameworks[framework] = current.model_copy(update={section: updated, **({"source": fit_note} if fit_note else {})})
     updates = {s: getattr(base, s).model_copy(update=f) for s, f in sections.items()}
-    return base.model_copy(update=updates)
+    return base.model_copy(update={**updates, "frameworks": frameworks})
 
 
 def nelder_mead(f: Callable[[np.ndarray], float], x0: np.ndarray, step: float = 0.3, iters: int = 300,
@@ -128,21 +153,25 @@ def fit(runs: Sequence[MeasuredRun], base: CostModelFile, free: Sequence[str], r
         chosen = [(r, pr.plan) for r, pr in chosen if pr is not None]
         rs, plans = [r for r, _ in chosen], [pl for _, pl in chosen]
         start = {name: _field(current, name) for name in free}
-        x0 = np.array([_to_free(start[n], FREE_PARAMETERS[n][2]) for n in free])
+        x0 = np.array([_to_free(start[n], _spec(n)[3]) for n in free])
 
         def f(x: np.ndarray) -> float:
             nonlocal evals
             evals += 1
-            values = {n: _from_free(v, FREE_PARAMETERS[n][2]) for n, v in zip(free, x)}
+            values = {n: _from_free(v, _spec(n)[3]) for n, v in zip(free, x)}
             return _objective(rs, plans, params_from_file(with_values(current, values)))
 
         x, value = nelder_mead(f, x0, iters=iters)
-        current = with_values(current, {n: _from_free(v, FREE_PARAMETERS[n][2]) for n, v in zip(free, x)})
+        current = with_values(current, {n: _from_free(v, _spec(n)[3]) for n, v in zip(free, x)})
     return FitResult(file=current, objective=value, evaluations=evals)
 
 
 def _field(f: CostModelFile, name: str) -> float:
-    section, field_name, _ = FREE_PARAMETERS[name]
+    """Current value of a free parameter; a framework without its own value starts from the file's."""
+    framework, section, field_name, _ = _spec(name)
+    own = f.frameworks.get(framework) if framework else None
+    if own is not None and field_name in getattr(own, section):
+        return getattr(own, section)[field_name]
     return getattr(getattr(f, section), field_name)
 
 
@@ -152,52 +181,69 @@ def stamp(f: CostModelFile, command: str, sources: list[str], notes: str, report
     return f.model_copy(update={"provenance": prov, "fit": report})
 
 
-__all__ = ["FREE_PARAMETERS", "FitResult", "calibrate_builtin", "derive", "fit", "nelder_mead", "stamp", "with_values"]
+__all__ = ["FREE_PARAMETERS", "FitResult", "builtin_fit_runs", "calibrate_builtin", "derive", "fit", "fittable",
+           "nelder_mead", "stamp", "with_values", "without_frameworks"]
 
 
 # --------------------------------------------------------------------------- the shipped defaults
 
-# Free parameters per base: the A100 data (1,549 vTrain runs + 20 published) pins shape and
-# overhead terms; the 24 H100 rows pin the peak fractions, network efficiencies, the fp8 gain and
-# the launch overheads (Megatron-Core with Transformer Engine launches far fewer kernels than the
-# Megatron-DeepSpeed of the A100 runs); the GEMM shape curve is kept from the A100 fit.
+# Free parameters per base. Megatron's efficiencies are the file's own values; every other
+# framework gets its own compute/network efficiencies ("fw.field"), fitted on its runs only.
+# A100: Megatron (Narayanan'21, Korthikanti'22) and DeepSpeed (Megatron-DeepSpeed: vTrain's 1,549
+# runs and the SC'21 ZeRO-3 baselines); the many vTrain runs pin the shared shape and overhead
+# terms; hbm_efficiency is kept at the earlier A100 fit's 0.91 (fitted freely it runs to its bound of 1,
+# which no elementwise kernel reaches). H100: Megatron/NeMo (24 rows) and torchtitan (10 rows on the 500 W 96 GB SKU, its peaks
+# in its cluster profile); the GEMM shape curve is kept from the A100 fit.
 FREE_FOR_GPU = {
-    "a100": ["gemm_max", "gemm_half_dim", "unfused_attention_max", "hbm_efficiency", "kernel_overhead_us",
-             "layer_launch_floor_us", "intra_node", "inter_node", "collective_overhead_us"],
-    "h100": ["gemm_max", "hbm_efficiency", "fp8_speedup", "intra_node", "inter_node",
-             "kernel_overhead_us"],
+    "a100": ["gemm_max", "gemm_half_dim", "unfused_attention_max", "kernel_overhead_us",
+             "layer_launch_floor_us", "intra_node", "inter_node", "collective_overhead_us",
+             "deepspeed.gemm_max", "deepspeed.inter_node"],
+    "h100": ["gemm_max", "hbm_efficiency", "fp8_speedup", "intra_node", "inter_node", "kernel_overhead_us",
+             "torchtitan.gemm_max", "torchtitan.fp8_speedup"],
 }
-CLUSTERS_FOR_GPU = {"a100": ("vtrain-a100", "dgx-a100-80gb", "dgx-a100-40gb"), "h100": ("dgx-h100",)}
-_A100_FLASH_NOTE = ("The A100 runs all use unfused attention, so attention_max (flash) is not fitted: 0.6 of "
-                    "peak from Dao 2023, FlashAttention-2, Fig. 5-6 (A100 forward+backward 50-73%).")
-# Parameters the shipped runs cannot identify, set from published kernel benchmarks (not training
-# runs) before fitting: the 16 H100 fit rows are short-sequence, so attention is a small share of
-# their time and trades off against gemm_max; long-context plans depend on it.
-FIXED_FOR_GPU = {
-    "h100": ({"attention_max": 0.5},
-             "attention_max 0.5 (not fitted): FlashAttention-3, Shah et al. 2024, Figs. 5-8, H100 BF16 causal "
-             "attention reaches 60-75% of peak forward and 45-60% backward at long sequence."),
+# The few efficiencies a leave-one-source-out refit re-fits (shape and overhead terms stay as shipped).
+LOSO_FREE_FOR_GPU = {
+    "a100": ["gemm_max", "inter_node", "deepspeed.gemm_max", "deepspeed.inter_node"],
+    "h100": ["gemm_max", "inter_node", "fp8_speedup", "torchtitan.gemm_max", "torchtitan.fp8_speedup"],
 }
+CLUSTERS_FOR_GPU = {"a100": ("vtrain-a100", "dgx-a100-80gb", "dgx-a100-40gb"),
+                    "h100": ("dgx-h100", "grandteton-h100-96gb")}
+_A100_FLASH_NOTE = ("The A100 runs all use unfused attention; flash-attention rates come from the file's "
+                    "attention_kernels table (FlashAttention-2 paper), not from the fit.")
+_H100_FLASH_NOTE = ("Attention rates per kernel family (fa2, cudnn, fa3) come from the file's attention_kernels "
+                    "table (FlashAttention-3 paper figures), not from the fit; the framework profile picks the "
+                    "family (autopar/cost/frameworks.py).")
 VTRAIN_SINGLE_FIT_STRIDE = 4  # fit on every 4th single-node fit row: 225 rows carry its shapes
 
 
-def builtin_fit_runs(gpu: str) -> list[MeasuredRun]:
-    """The fit split of the shipped measured runs on this GPU family."""
+def _thinned(r: MeasuredRun, stride: int) -> bool:
+    return r.source == "vtrain-single" and int(r.run_id.rsplit("_", 1)[-1]) % stride != 0
+
+
+def builtin_fit_runs(gpu: str, split: str | None = "fit", exclude_sources: frozenset[str] = frozenset(),
+                     single_stride: int = VTRAIN_SINGLE_FIT_STRIDE) -> list[MeasuredRun]:
+    """The shipped measured runs on this GPU family (the fit split, or every split with None),
+    without `exclude_sources`, with vTrain's single-node set thinned to every `single_stride`-th."""
     from autopar.validate.dataset import load_runs
 
-    out = []
-    for r in load_runs():
-        if r.cluster not in CLUSTERS_FOR_GPU[gpu] or r.split != "fit":
-            continue
-        if r.source == "vtrain-single" and int(r.run_id.rsplit("_", 1)[-1]) % VTRAIN_SINGLE_FIT_STRIDE:
-            continue
-        out.append(r)
-    return out
+    return [r for r in load_runs() if r.cluster in CLUSTERS_FOR_GPU[gpu] and (split is None or r.split == split)
+            and r.source not in exclude_sources and not _thinned(r, single_stride)]
 
 
 def _mape(runs: Sequence[MeasuredRun], p: CostParams) -> float | None:
     errs = [abs(pr.error) for pr in (predict(r, p) for r in runs) if pr is not None]
     return sum(errs) / len(errs) if errs else None
+
+
+def fittable(free: Sequence[str], runs: Sequence[MeasuredRun]) -> list[str]:
+    """The free parameters the runs can inform: a framework's own efficiencies need its runs."""
+    frameworks = {r.framework for r in runs}
+    return [n for n in free if "." not in n or n.split(".", 1)[0] in frameworks]
+
+
+def without_frameworks(base: CostModelFile, frameworks: set[str]) -> CostModelFile:
+    """`base` with the named frameworks' own efficiencies dropped (they fall back to the file's)."""
+    return base.model_copy(update={"frameworks": {k: v for k, v in base.frameworks.items() if k not in frameworks}})
 
 
 def calibrate_builtin(gpu: str, base: CostModelFile, command: str, rounds: int = 2, iters: int = 200) -> CostModelFile:
@@ -207,21 +253,62 @@ def calibrate_builtin(gpu: str, base: CostModelFile, command: str, rounds: int =
     if gpu not in FREE_FOR_GPU:
         from autopar.errors import SchemaError
         raise SchemaError(f"--gpu {gpu!r} has no shipped measured runs; use one of {', '.join(FREE_FOR_GPU)}")
-    fit_runs = builtin_fit_runs(gpu)
-    fixed, fixed_note = FIXED_FOR_GPU.get(gpu, ({}, ""))
-    base = with_values(base, fixed)
-    result = fit(fit_runs, base, FREE_FOR_GPU[gpu], rounds=rounds, iters=iters)
-    p = params_from_file(result.file)
-    holdout = [r for r in load_runs() if r.cluster in CLUSTERS_FOR_GPU[gpu] and r.split == "holdout"]
-    report = FitReport(runs_fit=len(fit_runs), runs_holdout=len(holdout), mape_fit=_mape(fit_runs, p),
-                       mape_holdout=_mape(holdout, p))
+    # Every split: the honest error is the leave-one-source-out one (autopar.validate.loso), which
+    # refits without each source; the shipped model uses all the data.
+    fit_runs = builtin_fit_runs(gpu, split=None)
+    free = fittable(FREE_FOR_GPU[gpu], fit_runs)
+    result = fit(fit_runs, base, free, rounds=rounds, iters=iters)
+    fitted = result.file
+    for framework in {n.split(".", 1)[0] for n in free if "." in n}:
+        runs_of = sorted({r.source for r in fit_runs if r.framework == framework})
+        fitted = fitted.model_copy(update={"frameworks": {**fitted.frameworks, framework: fitted.frameworks[framework].model_copy(
+            update={"source": f"fitted on all runs of {', '.join(runs_of)} ({framework} runs), `{command}`"})}})
+    p = params_from_file(fitted)
+    report = FitReport(runs_fit=len(fit_runs), runs_holdout=0, mape_fit=_mape(fit_runs, p), mape_holdout=None)
     sources = sorted({f"{r.source}: {r.source_detail.split(',')[0]}" for r in fit_runs})
-    notes = (f"Fitted parameters: {', '.join(FREE_FOR_GPU[gpu])}; others from the base file. "
+    notes = (f"Fitted parameters: {', '.join(free)}; others from the base file. "
              f"{result.evaluations} objective evaluations, source-weighted mean |log error| {result.objective:.4f}. "
-             "Held-out rows (whole model shapes) were not used in fitting. "
+             "Fitted on every split; the error to expect on a new source is the leave-one-source-out one "
+             "(`autopar validate --leave-one-source-out`, README). "
              f"Base file: {base.name} ({base.provenance.method}: {base.provenance.command}). "
-             + (_A100_FLASH_NOTE if gpu == "a100" else fixed_note))
-    return stamp(result.file, command, sources, notes, report)
+             + (_A100_FLASH_NOTE if gpu == "a100" else _H100_FLASH_NOTE))
+    stamped = stamp(fitted, command, sources, notes, report)
+    return stamped.model_copy(update={"constant_sources": constant_sources(stamped, free, fit_runs, command)})
+
+
+def constant_sources(f: CostModelFile, free: Sequence[str], fit_runs: Sequence[MeasuredRun], command: str) -> dict[str, str]:
+    """Where each constant of `f` comes from: fitted (on which runs), kernel benchmark, or prior."""
+    by_framework: dict[str, set[str]] = {}
+    for r in fit_runs:
+        by_framework.setdefault(r.framework, set()).add(r.source)
+    out: dict[str, str] = {}
+    for section in ("compute", "network", "memory"):
+        for field_name in getattr(f, section).model_fields:
+            key = f"{section}.{field_name}"
+            if field_name in free:
+                out[key] = f"fitted on {', '.join(sorted({r.source for r in fit_runs}))} (all splits), `{command}`"
+            else:
+                out[key] = _PRIOR_SOURCES.get(key, f"fitted earlier and kept: not identifiable from these runs; the base "
+                                                   f"file's history: {f.provenance.notes.split('Base file: ')[-1][:200]}")
+    for name in free:
+        if "." in name:
+            framework = name.split(".", 1)[0]
+            out[f"frameworks.{name}"] = f"fitted on {', '.join(sorted(by_framework.get(framework, set())))} (all splits)"
+    out["attention_kernels"] = "kernel benchmark tables, each entry names its figure (FlashAttention-2/-3 papers)"
+    return out
+
+
+_PRIOR_SOURCES = {
+    "compute.attention_max": "fallback flash rate when attention_kernels is empty (FlashAttention-3 paper, Figs. 5-8); unused with a kernel table",
+    "compute.attention_half_seq": "prior: FlashAttention-2 paper Figs. 4-6 (A100) reach about half their long-sequence rate near 512 tokens",
+    "compute.attention_backward_ratio": "Dao 2023 (FlashAttention-2) §3: backward does 2.5x the forward matmul FLOPs (5 vs 2 matmuls)",
+    "network.half_message_bytes": "prior: NCCL tests on NVLink/InfiniBand reach half their bus bandwidth near 1 MB messages (NVIDIA nccl-tests PERFORMANCE.md)",
+    "network.tp_overlap": "prior: Transformer Engine userbuffers overlap hides most TP communication (Megatron-LM --tp-comm-overlap docs); not identifiable from the runs",
+    "network.cp_overlap": "prior: ring attention overlaps the K/V exchange with attention compute (Liu et al. 2023); not identifiable from the runs",
+    "memory.cuda_context_gib": "measured order of the CUDA context plus cuBLAS/NCCL workspaces on H100/A100 (about 1 GiB); prior",
+    "memory.fragmentation": "prior: PyTorch caching-allocator fragmentation of a few percent of allocated bytes",
+    "memory.comm_buffer_gib": "prior: NCCL channel buffers and DDP/FSDP buckets, about 1 GiB per GPU",
+}
 
 
 def derive(base: CostModelFile, name: str, gpus: list[str], command: str, reason: str) -> CostModelFile:

@@ -25,7 +25,7 @@ from datetime import date
 from typing import Any, Callable
 
 from autopar.errors import AutoparError
-from autopar.schema.cost_model import CostModelFile, GemmPoint
+from autopar.schema.cost_model import AttentionKernelRate, CostModelFile, GemmPoint
 
 Progress = Callable[[str, int, int], None]
 
@@ -85,7 +85,7 @@ def _measure_gemms(torch, device, dtype, shapes, quick, progress) -> list[tuple[
     return out
 
 
-def _measure_attention(torch, device, dtype, quick, progress) -> list[tuple[int, int, float]]:
+def _measure_attention(torch, device, dtype, quick, progress) -> list[tuple[int, int, float, float]]:
     import torch.nn.functional as F
 
     sync = (lambda: torch.cuda.synchronize()) if device == "cuda" else (lambda: None)
@@ -95,11 +95,16 @@ def _measure_attention(torch, device, dtype, quick, progress) -> list[tuple[int,
     cases = [(s, d) for s in seqs for d in dims]
     for i, (s, d) in enumerate(cases):
         heads = 4 if device == "cpu" else 16
-        q, k, v = (torch.randn(1, heads, s, d, device=device, dtype=dtype) for _ in range(3))
-        t = _median_time_s(lambda: F.scaled_dot_product_attention(q, k, v, is_causal=True), sync,
-                           2, 3 if quick else 10)
+        q, k, v = (torch.randn(1, heads, s, d, device=device, dtype=dtype, requires_grad=True) for _ in range(3))
+        with torch.no_grad():
+            t = _median_time_s(lambda: F.scaled_dot_product_attention(q, k, v, is_causal=True), sync,
+                               2, 3 if quick else 10)
+        grad = torch.randn(1, heads, s, d, device=device, dtype=dtype)
+        t_fb = _median_time_s(lambda: F.scaled_dot_product_attention(q, k, v, is_causal=True).backward(grad), sync,
+                              2, 3 if quick else 10)
         causal_flops = 2.0 * 2.0 * s * s * d * heads / 2  # QK^T and AV, lower triangle
-        out.append((s, d, causal_flops / t))
+        # Backward does 2.5x the forward FLOPs (Dao 2023 §3); its time is fwd+bwd minus fwd.
+        out.append((s, d, causal_flops / t, 2.5 * causal_flops / max(t_fb - t, 1e-9)))
         if progress:
             progress("attention", i + 1, len(cases))
     return out
@@ -235,9 +240,14 @@ def profile(device: str = "cpu", model: str = "llama3-8b", quick: bool = False, 
     compute = base_file.compute
     network = base_file.network
     if device == "cuda":
-        top, half = _fit_half([(s, f / peak) for s, _, f in attention])
+        top, half = _fit_half([(s, f / peak) for s, _, f, _ in attention])
+        bwd_top, _ = _fit_half([(s, b / peak) for s, _, _, b in attention])
         compute = compute.model_copy(update={"attention_max": min(top, 1.0), "attention_half_seq": half,
                                              "hbm_efficiency": min(bandwidth / hbm_bytes_per_s, 1.0)})
+        kernels = {**base_file.attention_kernels, "profiled": AttentionKernelRate(
+            fwd=min(top, 1.0), bwd=min(bwd_top, 1.0),
+            source=f"`{command}` on {gpu_name}: torch SDPA causal forward and backward, overrides every family")}
+        base_file = base_file.model_copy(update={"attention_kernels": kernels})
         ar = [(r["bytes"], r["busbw_bytes_per_s"] / nvlink) for r in collectives if r["op"] == "all_reduce"]
         if ar:
             top, half = _fit_half(ar)

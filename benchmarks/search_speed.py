@@ -45,17 +45,17 @@ def describe(plan: ParallelPlan, gpus: int) -> str:
     return f"{plan.layout()} dp{plan.dp_for(gpus)} mbs{plan.mbs} zero{plan.zero} recompute {plan.recompute.label()}{split}"
 
 
-def run_case(model: str, cluster: str, gpus: int, seq: int, gbs: int, runs: int) -> dict:
+def run_case(model: str, cluster: str, gpus: int, seq: int, gbs: int, runs: int, root: Path = ROOT) -> dict:
     """The fastest of `runs` fresh `autopar plan --json` processes: process wall, the search time
     it reports, CPU (user + system) and peak RSS of that process (from wait4)."""
     cmd = [sys.executable, "-m", "autopar", "plan", model, "--cluster", cluster, "--gpus", str(gpus),
            "--seq-len", str(seq), "--global-batch", str(gbs), "--top", "3", "--json", "--quiet"]
-    env = {**os.environ, "PYTHONPATH": os.pathsep.join(filter(None, [str(ROOT), os.environ.get("PYTHONPATH")]))}
+    env = {**os.environ, "PYTHONPATH": os.pathsep.join(filter(None, [str(root), os.environ.get("PYTHONPATH")]))}
     best = None
     for _ in range(runs):
         with tempfile.TemporaryFile() as out, tempfile.TemporaryFile() as err:
             t = time.perf_counter()
-            proc = subprocess.Popen(cmd, stdout=out, stderr=err, env=env)
+            proc = subprocess.Popen(cmd, stdout=out, stderr=err, env=env, cwd=root)  # -m imports from cwd first
             _, status, usage = os.wait4(proc.pid, 0)
             wall = time.perf_counter() - t
             proc.returncode = os.waitstatus_to_exitcode(status)
@@ -103,20 +103,25 @@ def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--runs", type=int, default=3, help="Processes per case; the fastest is shown (noisy machines).")
     ap.add_argument("--case", action="append", help="Only cases of this model (repeatable).")
+    ap.add_argument("--root", type=Path, default=ROOT, help="Checkout whose autopar to run (e.g. a baseline).")
+    ap.add_argument("--no-published", action="store_true", help="Skip the 405B published-layout comparison.")
     args = ap.parse_args()
     rows = []
     for case in CASES:
         if args.case and case[0] not in args.case:
             continue
-        row = run_case(*case, runs=args.runs)
+        row = run_case(*case, runs=args.runs, root=args.root)
         print_case(case, row)
         rows.append((case, row))
-    print("\n| case | process wall | search | CPU | peak RSS | candidates | best plan |\n|---|---|---|---|---|---|---|")
+    print("\n| case | process wall | search | CPU | peak RSS | candidates | fastest plan | chosen (first row) |\n"
+          "|---|---|---|---|---|---|---|---|")
     for (model, cluster, gpus, seq, gbs), row in rows:
-        best, s = _plan_from_json(row["data"]["plans"][0]["parallel"]), row["data"]["search"]
+        data = row["data"]
+        best, s = _plan_from_json(data["plans"][0]["parallel"]), data["search"]
+        chosen = _plan_from_json(data["alternatives"][0]["parallel"]).layout() if data.get("alternatives") else "—"
         print(f"| {model}, {gpus:,} × {cluster}, seq {seq}, gbs {gbs} | {row['wall_s']:.2f} s | {row['search_s']:.2f} s "
-              f"| {row['cpu_s']:.2f} s | {row['rss_mib']:.0f} MiB | {s['candidates']:,} | {best.layout()} |")
-    if not args.case or "llama3.1-405b" in args.case:
+              f"| {row['cpu_s']:.2f} s | {row['rss_mib']:.0f} MiB | {s['candidates']:,} | {best.layout()} | {chosen} |")
+    if not args.no_published and (not args.case or "llama3.1-405b" in args.case):
         found = next(r for c, r in rows if c[0] == "llama3.1-405b")["data"]["plans"][0]["parallel"]
         published_405b(_plan_from_json(found))
 

@@ -18,13 +18,23 @@ def test_nelder_mead_rosenbrock():
 
 
 def test_fit_recovers_planted_gemm_efficiency():
+    """vTrain's runs are Megatron-DeepSpeed: the fit recovers DeepSpeed's own efficiency."""
     base, _ = load_cost_model("a100")
-    truth = with_values(base, {"gemm_max": 0.55})
+    truth = with_values(base, {"deepspeed.gemm_max": 0.55})
     p_truth = params_from_file(truth)
     runs = [r for r in load_runs({"vtrain-multi"})][:12]
     synthetic = [replace(r, measured_tokens_per_s_per_gpu=predict(r, p_truth).predicted_tokens_per_s_per_gpu)
                  for r in runs]
-    start = with_values(base, {"gemm_max": 0.8})
-    result = fit(synthetic, start, ["gemm_max"], rounds=1, iters=80)
-    assert result.file.compute.gemm_max == pytest.approx(0.55, rel=1e-3)
+    start = with_values(base, {"deepspeed.gemm_max": 0.8})
+    result = fit(synthetic, start, ["deepspeed.gemm_max"], rounds=1, iters=80)
+    assert result.file.frameworks["deepspeed"].compute["gemm_max"] == pytest.approx(0.55, rel=1e-3)
     assert result.objective < 1e-4
+
+
+def test_framework_parameters_fit_only_where_that_framework_ran():
+    from autopar.calibrate import fittable, without_frameworks
+
+    runs = load_runs({"narayanan21"})  # Megatron only
+    assert fittable(["gemm_max", "deepspeed.gemm_max", "torchtitan.gemm_max"], runs) == ["gemm_max"]
+    base = with_values(load_cost_model("a100")[0], {"deepspeed.gemm_max": 0.5})
+    assert "deepspeed" not in without_frameworks(base, {"deepspeed"}).frameworks

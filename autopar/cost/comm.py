@@ -53,11 +53,23 @@ def bus_bandwidth_bytes_per_s(span: GroupSpan, cluster: Cluster, p: CostParams) 
     return min(intra, inter)
 
 
-def _latency_s(span: GroupSpan, cluster: Cluster, ring_steps: int, p: CostParams) -> float:
-    """α per step (NCCL switches to trees when they have fewer steps, 2·log2 n) plus the fixed
-    cost of issuing one collective."""
+def _latency_s(span: GroupSpan, cluster: Cluster, steps: int, p: CostParams) -> float:
+    """α per algorithm step plus the fixed cost of issuing one collective."""
     alpha = cluster.inter_node_latency_s if span.crosses_nodes else cluster.intra_node_latency_s
-    return alpha * min(ring_steps, 2 * math.ceil(math.log2(span.size))) + p.collective_overhead_s
+    return alpha * steps + p.collective_overhead_s
+
+
+def ring_steps(n: int) -> int:
+    """All-gather and reduce-scatter: NCCL runs them only as rings (no tree algorithm exists for
+    them; NCCL docs, "Collective operations" and NCCL_ALGO), so latency grows with n − 1 steps."""
+    return n - 1
+
+
+def all_reduce_steps(n: int) -> int:
+    """All-reduce: NCCL's tuner takes the cheaper of a ring (2(n − 1) steps) and its double binary
+    tree (2·log2 n steps up and down; Sanders et al. 2009, used by NCCL ≥ 2.4); NVLS/CollNet are
+    not modelled."""
+    return min(2 * (n - 1), 2 * math.ceil(math.log2(n)))
 
 
 def _transfer_s(volume_bytes: float, message_bytes: float, bandwidth: float, p: CostParams) -> float:
@@ -71,7 +83,7 @@ def all_reduce_s(buffer_bytes: float, span: GroupSpan, cluster: Cluster, p: Cost
     if n <= 1 or buffer_bytes <= 0:
         return 0.0
     bw = bus_bandwidth_bytes_per_s(span, cluster, p)
-    return _latency_s(span, cluster, 2 * (n - 1), p) + _transfer_s(2 * (n - 1) / n * buffer_bytes, buffer_bytes, bw, p)
+    return _latency_s(span, cluster, all_reduce_steps(n), p) + _transfer_s(2 * (n - 1) / n * buffer_bytes, buffer_bytes, bw, p)
 
 
 def all_gather_s(output_bytes: float, span: GroupSpan, cluster: Cluster, p: CostParams) -> float:
@@ -80,7 +92,7 @@ def all_gather_s(output_bytes: float, span: GroupSpan, cluster: Cluster, p: Cost
     if n <= 1 or output_bytes <= 0:
         return 0.0
     bw = bus_bandwidth_bytes_per_s(span, cluster, p)
-    return _latency_s(span, cluster, n - 1, p) + _transfer_s((n - 1) / n * output_bytes, output_bytes, bw, p)
+    return _latency_s(span, cluster, ring_steps(n), p) + _transfer_s((n - 1) / n * output_bytes, output_bytes, bw, p)
 
 
 def reduce_scatter_s(input_bytes: float, span: GroupSpan, cluster: Cluster, p: CostParams) -> float:

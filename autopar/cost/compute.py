@@ -45,17 +45,22 @@ def gemm_time_s(m: float, n: float, k: float, peak_flops: float, p: CostParams, 
     return count * (2.0 * m * n * k / (peak_flops * gemm_efficiency(m, n, k, p)) + p.kernel_overhead_s)
 
 
-def attention_efficiency(seq_len: float, p: CostParams, unfused: bool = False) -> float:
-    peak_fraction = p.unfused_attention_max if unfused else p.attention_max
+def attention_efficiency(seq_len: float, p: CostParams, unfused: bool = False, rate: float | None = None) -> float:
+    """Fraction of peak: the kernel family's long-sequence rate (or the file's attention_max)
+    times a saturation in the sequence length the kernel sees."""
+    peak_fraction = p.unfused_attention_max if unfused else (p.attention_max if rate is None else rate)
     return peak_fraction * _saturation(seq_len, p.attention_half_seq)
 
 
-def attention_time_s(flops: float, seq_len: float, peak_flops: float, p: CostParams, unfused: bool = False) -> float:
-    """Attention forward (QK^T and AV), FLOPs counted causally: a fused flash kernel (Dao 2023,
-    FlashAttention-2), or unfused batched GEMMs whose softmax traffic is priced separately."""
+def attention_time_s(flops: float, seq_len: float, peak_flops: float, p: CostParams, unfused: bool = False,
+                     rate: float | None = None) -> float:
+    """One attention pass (QK^T and AV; FLOPs counted causally) at `rate` of the bf16 peak: a fused
+    flash kernel (rates per family from the FlashAttention-2/-3 papers' tables, see the cost-model
+    file), or unfused batched GEMMs whose softmax traffic is priced separately. `peak_flops` is the
+    bf16 peak even in fp8 plans: TE and torchao run attention in bf16."""
     if flops <= 0:
         return 0.0
-    return flops / (peak_flops * attention_efficiency(seq_len, p, unfused)) + p.kernel_overhead_s
+    return flops / (peak_flops * attention_efficiency(seq_len, p, unfused, rate)) + p.kernel_overhead_s
 
 
 def memory_bound_time_s(bytes_moved: float, hbm_bytes_per_s: float, p: CostParams, kernels: int = 1) -> float:

@@ -26,6 +26,7 @@ _GEMM_MODULE = {"mlp": "mlp", "expert": "moe", "shared": "shared_experts", "q_up
 # Share of a layer's sp-side elementwise traffic that is its two norms (4h of the 10h, see build.py).
 _NORM_SHARE_OF_SP_BYTES = 0.4
 BF16_BYTES = 2
+OP_SAC = "op_sac"  # the selective policy of torchtitan (see autopar.cost.frameworks)
 # Parallel blocks per layer, each an all-gather + reduce-scatter (sp) or an all-reduce: attention
 # and MLP in a dense layer; attention only in an MoE layer (the experts talk over EP); the
 # vocab-parallel head; the embedding's reduction counts as half a block (no all-gather).
@@ -48,6 +49,8 @@ class Split:
     moe_load: float = 1.0  # busiest expert rank's tokens over the mean
     cp_comm_type: str = "p2p"
     moe_dispatcher: str = "alltoall"
+    attn_peak_flops: float = 0.0  # bf16 peak: attention never runs in fp8 (0 = peak_flops)
+    attention_kernel: str = "fa2"  # flash kernel family the framework launches on this GPU
 
 
 @dataclass(frozen=True, slots=True)
@@ -80,9 +83,13 @@ class LayerCost:
     def bwd_s(self) -> float:
         return self.bwd_compute_s + self.tp_comm_bwd_s + self.cp_comm_bwd_s + self.ep_comm_bwd_s
 
-    def recompute_s(self, mode: RecomputeMode, modules: tuple[str, ...]) -> float:
+    def recompute_s(self, mode: RecomputeMode, modules: tuple[str, ...], policy: str = "modules") -> float:
+        """Forward time redone in backward. selective: the listed Megatron modules, or under the
+        "op_sac" policy (torchtitan) the per-op policy's recomputed ops."""
         if mode == RecomputeMode.FULL:
             return self.fwd_s
+        if mode == RecomputeMode.SELECTIVE and policy == OP_SAC:
+            return dict(self.module_recompute_s).get(OP_SAC, 0.0)
         if mode == RecomputeMode.SELECTIVE:
             return sum(t for m, t in self.module_recompute_s if m in modules)
         return 0.0
@@ -122,8 +129,12 @@ def _compute(layer: Layer, s: Split, cluster: Cluster, p: CostParams) -> tuple[f
     unfused = layer.elementwise_bytes_per_token_per_seq_tp > 0
     # Under context parallelism each ring step runs one kernel on a seq/cp chunk of queries
     # against a seq/cp chunk of keys: efficiency follows the chunk, and there are cp launches.
-    attn_fwd = attention_time_s(attn_flops, s.seq_len / s.cp, s.peak_flops, p, unfused)
+    attn_peak = s.attn_peak_flops or s.peak_flops
+    fwd_rate, bwd_rate = p.attention_rate(s.attention_kernel)
+    attn_fwd = attention_time_s(attn_flops, s.seq_len / s.cp, attn_peak, p, unfused, fwd_rate)
     attn_fwd += (s.cp - 1) * p.kernel_overhead_s if attn_flops > 0 else 0.0
+    attn_bwd = p.attention_backward_ratio * attention_time_s(attn_flops, s.seq_len / s.cp, attn_peak, p, unfused,
+                                                             bwd_rate)
     ew_bytes_sp = layer.elementwise_bytes_per_token_sp * s.tokens / (s.tp if s.sp else 1)
     ew_bytes_tp = layer.elementwise_bytes_per_token_tp * s.tokens / s.tp
     scores_bytes = layer.elementwise_bytes_per_token_per_seq_tp * layer.attended_keys(s.seq_len) * s.tokens / s.tp
@@ -135,11 +146,28 @@ def _compute(layer: Layer, s: Split, cluster: Cluster, p: CostParams) -> tuple[f
         if layer.kind in ("moe", "mtp") and mod != "mlp" or layer.kind == "dense" and mod == "mlp":
             module_s[mod] = module_s.get(mod, 0.0) + act_s
     module_s["core_attn"] = attn_fwd + scores_s
-    fwd = gemm_fwd + attn_fwd + scores_s + ew_fwd
-    bwd = 2.0 * gemm_fwd + p.attention_backward_ratio * attn_fwd + 2.0 * (ew_fwd + scores_s)
+    # torchtitan's per-op SAC recomputes every second matmul and all elementwise ops (norms,
+    # activation, rope), and keeps the SDPA output (autopar.cost.frameworks).
+    module_s[OP_SAC] = 0.5 * gemm_fwd + ew_fwd
+    permute = moe_permute_s(layer, s, cluster, p)
+    module_s["moe"] = module_s.get("moe", 0.0) + permute if layer.num_experts else module_s.get("moe", 0.0)
+    fwd = gemm_fwd + attn_fwd + scores_s + ew_fwd + permute
+    bwd = 2.0 * gemm_fwd + attn_bwd + 2.0 * (ew_fwd + scores_s) + permute
     if layer.kind in ("dense", "moe", "mtp"):  # launch-bound floor: the GPU waits for the CPU
         fwd, bwd = max(fwd, p.layer_launch_floor_s), max(bwd, 2.0 * p.layer_launch_floor_s)
     return fwd, bwd, module_s
+
+
+def moe_permute_s(layer: Layer, s: Split, cluster: Cluster, p: CostParams) -> float:
+    """Token permutation of one MoE layer's forward (the backward moves the same bytes): the
+    dispatcher gathers each rank's T·k routed token copies into expert order before the
+    all-to-all and scatters them back after it (Megatron-Core moe_utils permute/unpermute): read
+    and write of T·k·h bf16 values, twice, at HBM bandwidth; the busiest rank's load applies to
+    the unpermute side. Ignores the router's host synchronisation of token counts."""
+    if not layer.num_experts:
+        return 0.0
+    routed = s.tokens / (s.tp if s.sp else 1) * layer.top_k * s.hidden * BF16_BYTES
+    return memory_bound_time_s(2.0 * routed * (1.0 + s.moe_load), cluster.hbm_bytes_per_s, p, kernels=2)
 
 
 def _tp_comm(layer: Layer, s: Split, spans: Spans, cluster: Cluster, p: CostParams, tp_overlap: bool) -> float:

@@ -7,6 +7,8 @@ from __future__ import annotations
 from autopar.model.graph import Layer
 from autopar.schema.plan import Framework
 
+BF16 = 2.0
+
 # Bytes per parameter of (weights, gradients, optimizer state), and which of them ZeRO shards,
 # for mixed-precision Adam (two fp32 moments):
 #   megatron: bf16 weights, fp32 main grads (--accumulate-allreduce-grads-in-fp32 is forced with
@@ -62,13 +64,17 @@ FP8_SAVED_GEMM_INPUTS = frozenset({"attn_norm_output", "attn_context", "mlp_norm
 
 
 def saved_activation_bytes(layer: Layer, tokens: float, seq_len: int, tp: int, sp: bool, recompute: str,
-                           modules: tuple[str, ...] = (), fp8: bool = False) -> float:
+                           modules: tuple[str, ...] = (), fp8: bool = False, policy: str = "modules") -> float:
     """Bytes `layer` saves for backward for `tokens` tokens on one GPU (tokens already divided by cp).
 
     recompute "full": only the layer input ("layer_input" tensors) is kept; "selective": tensors of
-    the listed modules are dropped; "none": everything is kept. Source: Korthikanti et al. 2022 §4
-    (34·sbh/t with selective, 2·sbh/t with full, under tp + sp).
+    the listed modules are dropped (policy "modules", Megatron), or under torchtitan's per-op policy
+    ("op_sac") see op_sac_saved_bytes; "none": everything is kept. Source: Korthikanti et al. 2022
+    §4 (34·sbh/t with selective, 2·sbh/t with full, under tp + sp). `fp8`: Transformer Engine's
+    1-byte saved GEMM inputs (pass False for torchao float8, which saves bf16 inputs).
     """
+    if recompute == "selective" and policy == "op_sac" and layer.kind in ("dense", "moe"):
+        return op_sac_saved_bytes(layer, tokens, tp, sp)
     total = 0.0
     keys = layer.scored_keys(seq_len)
     for act in layer.activations:
@@ -81,6 +87,46 @@ def saved_activation_bytes(layer: Layer, tokens: float, seq_len: int, tp: int, s
             per_token /= 2
         total += per_token * tokens / activation_divisor(act.split, tp, sp)
     return total
+
+
+# Tensors torchtitan's per-op SAC always keeps: the block input and the SDPA outputs.
+_OP_SAC_KEPT = frozenset({"attn_context", "softmax_lse"})
+
+
+def op_sac_saved_bytes(layer: Layer, tokens: float, tp: int, sp: bool) -> float:
+    """torchtitan selective AC, "op" policy (torchtitan/models/llama3 parallelize, _save_list):
+    keeps the block input, the SDPA output and log-sum-exp, and the output of every second matmul
+    (the policy alternates save/recompute over the block's mm calls, so half the mm output bytes);
+    everything else (norms, activation function, rope) is recomputed. Ignores which half."""
+    kept = sum(a.bytes_per_token / activation_divisor(a.split, tp, sp) for a in layer.activations
+               if a.module == "layer_input" or a.name in _OP_SAC_KEPT)
+    mm = 0.0
+    for g in layer.gemms:
+        if g.split in ("col", "vocab", "expert_col"):
+            divisor = tp
+        elif g.split in ("row", "expert_row"):
+            divisor = tp if sp else 1
+        else:
+            divisor = tp if sp else 1
+        mm += BF16 * g.n * g.tokens_per_token / divisor
+    return (kept + mm / 2.0) * tokens
+
+
+def loss_transient_bytes(tokens: float, vocab: int, tp: int, fused: bool) -> float:
+    """Cross-entropy memory beyond the saved fp32 logits (4 B per logit, counted with the head's
+    activations). Unfused torch cross_entropy (torchtitan): the bf16 logits (2 B) and the fp32
+    log-softmax output (4 B) in forward, the fp32 gradient of the log-softmax and of the logits
+    (4 + 4 B) with the bf16 cast (2 B) at the start of backward: at most 10 B more per logit.
+    Megatron's fused vocab-parallel cross-entropy computes softmax and gradient in place: 0."""
+    return 0.0 if fused else 10.0 * tokens * vocab / tp
+
+
+def resident_state_bytes(states: dict[str, float], persistent_gradients: bool, num_microbatches: int) -> float:
+    """Model-state bytes alive at the forward/backward peak: gradients only where the framework
+    keeps them between steps (Megatron's main-grad buffer, DeepSpeed's partitions) or where
+    several microbatches accumulate into them (FSDP2 with gradient accumulation)."""
+    grads = states["gradients"] if persistent_gradients or num_microbatches > 1 else 0.0
+    return states["weights"] + grads + states["optimizer"]
 
 
 def inflight_microbatches_1f1b(pp: int, rank: int, num_microbatches: int) -> int:

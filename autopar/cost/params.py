@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from functools import lru_cache
 from pathlib import Path
 
@@ -42,6 +42,40 @@ class CostParams:
     fragmentation: float
     comm_buffer_bytes: float
     gemm_table: tuple[tuple[int, int, int, float], ...] = ()
+    attention_rates: tuple[tuple[str, float, float], ...] = ()  # (kernel family, fwd, bwd) fractions of peak
+    framework_overrides: tuple[tuple[str, tuple[tuple[str, float], ...]], ...] = ()
+    framework: str = "megatron"
+
+    def attention_rate(self, kernel: str) -> tuple[float, float]:
+        """(forward, backward) fraction of the bf16 peak of a flash kernel family; a profiled entry
+        overrides every family; without a table, attention_max for both passes."""
+        table = {k: (f, b) for k, f, b in self.attention_rates}
+        return table.get("profiled") or table.get(kernel) or (self.attention_max, self.attention_max)
+
+
+# CostParams field -> cost-model file (section, field, scale to base units) for framework overrides.
+_OVERRIDE_FIELDS = {
+    "gemm_max": ("compute", "gemm_max", 1.0), "hbm_efficiency": ("compute", "hbm_efficiency", 1.0),
+    "kernel_overhead_us": ("compute", "kernel_overhead_s", US), "fp8_speedup": ("compute", "fp8_speedup", 1.0),
+    "layer_launch_floor_us": ("compute", "layer_launch_floor_s", US),
+    "intra_node": ("network", "intra_node_efficiency", 1.0), "inter_node": ("network", "inter_node_efficiency", 1.0),
+    "collective_overhead_us": ("network", "collective_overhead_s", US),
+    "tp_overlap": ("network", "tp_overlap", 1.0), "cp_overlap": ("network", "cp_overlap", 1.0),
+}
+
+
+@lru_cache(maxsize=256)
+def for_framework(p: CostParams, framework: str) -> CostParams:
+    """`p` with the framework's own fitted efficiencies (Megatron's are the file's own)."""
+    if p.framework == framework:
+        return p
+    updates: dict[str, float] = {}
+    for name, values in p.framework_overrides:
+        if name == framework:
+            for field_name, value in values:
+                _, attr, scale = _OVERRIDE_FIELDS[field_name]
+                updates[attr] = value * scale
+    return replace(p, framework=framework, **updates)
 
 
 def params_from_file(f: CostModelFile) -> CostParams:
@@ -56,6 +90,9 @@ def params_from_file(f: CostModelFile) -> CostParams:
         cuda_context_bytes=m.cuda_context_gib * GiB, fragmentation=m.fragmentation,
         comm_buffer_bytes=m.comm_buffer_gib * GiB,
         gemm_table=tuple((p.m, p.n, p.k, p.efficiency) for p in f.gemm_table),
+        attention_rates=tuple((k, r.fwd, r.bwd) for k, r in sorted(f.attention_kernels.items())),
+        framework_overrides=tuple(
+            (name, tuple(sorted({**fe.compute, **fe.network}.items()))) for name, fe in sorted(f.frameworks.items())),
     )
 
 

@@ -10,18 +10,21 @@ group size, shard size, span and microbatch count comes from the plan's Layout
 
 from __future__ import annotations
 
+import math
 from dataclasses import dataclass, field
 
 from autopar.choices import DEFAULT_MEMORY_MARGIN  # noqa: F401 (the one margin; re-exported for its users)
-from autopar.cost import comm, memory
+from autopar.cost import comm, fsdp, memory
 from autopar.cost.compute import memory_bound_time_s
 from autopar.cost.layer import BF16_BYTES, LayerCost, Spans, Split, layer_cost
+from autopar.cost.frameworks import framework_profile, gpu_arch
 from autopar.cost.layout import Layout, stage_layer_counts  # noqa: F401 (stage_layer_counts re-exported)
-from autopar.cost.params import CostParams
+from autopar.cost.params import CostParams, for_framework
 from autopar.cost.pipeline import pipeline_step_s
 from autopar.hardware import Cluster
 from autopar.model.graph import Layer, ModelGraph
 from autopar.schema.plan import Framework, ParallelPlan, Precision, RecomputeMode
+from autopar.validate.bands import plan_band
 
 # Adam step traffic per locally owned parameter: read fp32 master, grad, two moments (16 B),
 # write master and moments (12 B) and the bf16 weight (2 B); clipping reads the grad again (4 B).
@@ -71,6 +74,8 @@ class Estimate:
     num_microbatches: int
     dp: int
     notes: tuple[str, ...] = field(default=())
+    tokens_per_s_per_gpu_low: float = 0.0  # 10th-90th percentile band of leave-one-source-out errors
+    tokens_per_s_per_gpu_high: float = 0.0
 
     @property
     def bubble_fraction(self) -> float:
@@ -95,12 +100,20 @@ def assign_layers(graph: ModelGraph, layout: Layout) -> list[list[Layer]]:
     return stages
 
 
-def moe_load(plan: ParallelPlan) -> float:
-    """Busiest expert rank's token load over the mean: the stated imbalance, capped by the capacity
-    factor when tokens beyond capacity are dropped."""
-    if plan.moe_capacity_factor is None:
-        return plan.moe_load_imbalance
-    return min(plan.moe_load_imbalance, plan.moe_capacity_factor)
+def moe_load(plan: ParallelPlan, routed_tokens_per_rank: float, ep: int) -> float:
+    """Busiest expert rank's routed tokens over the mean. Each of the ep ranks sends its T·k token
+    copies (T tokens, top-k) to the expert ranks; with balanced routing that is m = T·k·ep balls in
+    ep bins, whose expected maximum is m/ep + sqrt(2·(m/ep)·ln ep) in the heavy-load regime (Raab &
+    Steger 1998, "Balls into bins: a simple and tight analysis"), i.e. a load of
+    1 + sqrt(2·ln(ep) / (T·k)). Capped by the capacity factor when tokens beyond it are dropped; a
+    plan's stated imbalance replaces the bound. Ignores router skew beyond random placement."""
+    if plan.moe_load_imbalance is not None:
+        load = plan.moe_load_imbalance
+    elif ep <= 1 or routed_tokens_per_rank <= 0:
+        load = 1.0
+    else:
+        load = 1.0 + math.sqrt(2.0 * math.log(ep) / routed_tokens_per_rank)
+    return load if plan.moe_capacity_factor is None else min(load, plan.moe_capacity_factor)
 
 
 @dataclass(frozen=True, slots=True)
@@ -142,16 +155,24 @@ class StepSetup:
 
 def setup(graph: ModelGraph, cluster: Cluster, plan: ParallelPlan, p: CostParams,
           layout: Layout | None = None) -> StepSetup:
-    """The plan's layout (built here unless given) and the split its layers are costed on."""
+    """The plan's layout (built here unless given) and the split its layers are costed on: GEMMs at
+    the precision's peak (fp8: the bf16 peak times the fitted fp8 gain), attention always at the
+    bf16 peak, with the framework's attention kernel family on this GPU and the MoE load bound."""
+    p = for_framework(p, plan.framework)
     layout = layout or Layout.of(plan, cluster, graph)
     fp8 = plan.precision == Precision.FP8
-    peak = cluster.peak_flops(Precision.BF16 if fp8 else plan.precision)
-    if fp8:
-        peak *= p.fp8_speedup
+    bf16_peak = cluster.peak_flops(Precision.BF16 if fp8 else plan.precision)
+    peak = bf16_peak * p.fp8_speedup if fp8 else bf16_peak
+    tokens = plan.mbs * plan.seq_len / plan.cp
+    load = 1.0
+    if graph.spec.moe:
+        routed = tokens / (plan.tp if plan.sequence_parallel else 1) * graph.spec.moe.top_k
+        load = moe_load(plan, routed, plan.ep)
+    kernel = framework_profile(plan.framework).attention_kernel(gpu_arch(cluster.gpu_name))
     split = Split(tp=plan.tp, sp=plan.sequence_parallel, cp=plan.cp, ep=plan.ep, etp=layout.etp,
-                  tokens=plan.mbs * plan.seq_len / plan.cp, seq_len=plan.seq_len, hidden=graph.spec.hidden_size,
-                  peak_flops=peak, moe_load=moe_load(plan) if graph.spec.moe else 1.0,
-                  cp_comm_type=plan.cp_comm_type, moe_dispatcher=plan.moe_dispatcher)
+                  tokens=tokens, seq_len=plan.seq_len, hidden=graph.spec.hidden_size,
+                  peak_flops=peak, moe_load=load, cp_comm_type=plan.cp_comm_type, moe_dispatcher=plan.moe_dispatcher,
+                  attn_peak_flops=bf16_peak, attention_kernel=kernel)
     return StepSetup(layout=layout, split=split)
 
 
@@ -185,6 +206,7 @@ def stage_time(stage: list[Layer], costs: dict[str, LayerCost], plan: ParallelPl
     fwd = bwd = rec = 0.0
     parts = {"tp_comm": 0.0, "cp_comm": 0.0, "ep_comm": 0.0}
     position = 0
+    policy = framework_profile(plan.framework).selective_policy
     for layer in stage:
         c = costs[_layer_key(layer)]
         mode = RecomputeMode.NONE
@@ -194,7 +216,7 @@ def stage_time(stage: list[Layer], costs: dict[str, LayerCost], plan: ParallelPl
         # Full recompute re-runs the forward: its compute counts as recompute, its communication
         # under the axis that issues it (so the breakdown counts every second once).
         full = mode == RecomputeMode.FULL
-        r = c.fwd_compute_s if full else c.recompute_s(mode, plan.recompute.modules)
+        r = c.fwd_compute_s if full else c.recompute_s(mode, plan.recompute.modules, policy)
         fwd += c.fwd_s
         bwd += c.bwd_s + r + (c.tp_comm_fwd_s + c.cp_comm_fwd_s + c.ep_comm_fwd_s if full else 0.0)
         rec += r
@@ -202,6 +224,20 @@ def stage_time(stage: list[Layer], costs: dict[str, LayerCost], plan: ParallelPl
         parts["cp_comm"] += c.cp_comm_fwd_s + c.cp_comm_bwd_s + (c.cp_comm_fwd_s if full else 0.0)
         parts["ep_comm"] += c.ep_comm_fwd_s + c.ep_comm_bwd_s + (c.ep_comm_fwd_s if full else 0.0)
     return fwd, bwd, rec, parts
+
+
+def rank_layers(chunks: list[list[Layer]], costs: dict[str, LayerCost], plan: ParallelPlan) -> list[tuple]:
+    """(layer, its cost, its recompute mode) of a pipeline rank's chunks in execution order."""
+    out = []
+    for chunk in chunks:
+        position = 0
+        for layer in chunk:
+            mode = "none"
+            if layer.kind in ("dense", "moe"):
+                mode = _recompute_mode(plan, position)
+                position += 1
+            out.append((layer, costs[_layer_key(layer)], mode))
+    return out
 
 
 def stage_params(stage: list[Layer], plan: ParallelPlan, tied_copy: bool, embedding: Layer) -> tuple[float, float, float]:
@@ -221,23 +257,32 @@ def stage_activation_bytes(stage: list[Layer], plan: ParallelPlan, tokens: float
     saved = work = 0.0
     position = 0
     sp = plan.sequence_parallel
+    fw = framework_profile(plan.framework)
+    fp8 = plan.precision == "fp8" and fw.fp8_one_byte_saved_inputs
     for layer in stage:
         mode = RecomputeMode.NONE
         if layer.kind in ("dense", "moe"):
             mode = _recompute_mode(plan, position)
             position += 1
-        fp8 = plan.precision == Precision.FP8
-        kept = memory.saved_activation_bytes(layer, tokens, plan.seq_len, plan.tp, sp, mode, plan.recompute.modules, fp8)
+        kept = memory.saved_activation_bytes(layer, tokens, plan.seq_len, plan.tp, sp, mode, plan.recompute.modules,
+                                             fp8, fw.selective_policy)
         saved += kept
         if mode != RecomputeMode.NONE:
             full = memory.saved_activation_bytes(layer, tokens, plan.seq_len, plan.tp, sp, RecomputeMode.NONE, fp8=fp8)
             work = max(work, full - kept)
+        if layer.kind == "head":
+            vocab = next(g.n for g in layer.gemms if g.split == "vocab")
+            work = max(work, memory.loss_transient_bytes(tokens, vocab, plan.tp, fw.fused_cross_entropy))
     return saved, work
 
 
 def rank_memory(rank: int, chunks: list[list[Layer]], graph: ModelGraph, plan: ParallelPlan, st: StepSetup,
                  p: CostParams) -> tuple[float, dict[str, float], float, float]:
-    """(peak bytes, breakdown, dense params, expert params) of one pipeline rank."""
+    """(peak bytes, breakdown, dense params, expert params) of one pipeline rank. The peak is the
+    larger of two phases (not a sum of per-phase maxima): forward/backward (resident model states,
+    activations in flight, the recompute and loss transients, gathered ZeRO-3 weights) and the
+    optimizer step (weights, all gradients, optimizer state)."""
+    p = for_framework(p, plan.framework)
     layout = st.layout
     tied_copy = layout.tied_embedding_copy and rank == layout.pp - 1
     dense = expert = largest = 0.0
@@ -251,11 +296,19 @@ def rank_memory(rank: int, chunks: list[list[Layer]], graph: ModelGraph, plan: P
         work = max(work, w)
     states = memory.model_state_bytes(dense, plan.framework, plan.zero, layout.dense_shard)
     expert_states = memory.model_state_bytes(expert, plan.framework, plan.zero, layout.expert_shard)
-    breakdown = {k: states[k] + expert_states[k] for k in states}
+    states = {k: states[k] + expert_states[k] for k in states}
     # Interleaved: the rank's in-flight chunks hold its mean chunk's activations.
     activations = layout.inflight[rank] * sum(saved) / len(saved)
-    breakdown["activations"] = activations + work
-    breakdown["fsdp_gathered"] = memory.fsdp_transient_bytes(dense + expert, largest, plan.framework, plan.zero)
+    gathered = memory.fsdp_transient_bytes(dense + expert, largest, plan.framework, plan.zero)
+    persistent = framework_profile(plan.framework).persistent_gradients
+    resident = memory.resident_state_bytes(states, persistent, st.m)
+    fwd_bwd = resident + activations + work + gathered
+    optimizer_step = sum(states.values())
+    if fwd_bwd >= optimizer_step:
+        breakdown = {**states, "gradients": resident - states["weights"] - states["optimizer"],
+                     "activations": activations + work, "fsdp_gathered": gathered}
+    else:
+        breakdown = {**states, "activations": 0.0, "fsdp_gathered": 0.0}
     allocated = sum(breakdown.values())
     total = memory.with_overheads(allocated, p.cuda_context_bytes, p.comm_buffer_bytes, p.fragmentation)
     breakdown["buffers_and_fragmentation"] = total - allocated
@@ -265,7 +318,11 @@ def rank_memory(rank: int, chunks: list[list[Layer]], graph: ModelGraph, plan: P
 def _dp_sync_s(dense: float, expert: float, st: StepSetup, cluster: Cluster, p: CostParams,
                plan: ParallelPlan) -> float:
     """Gradient reduction (reduce-scatter with a sharded optimizer, all-reduce without) plus the
-    parameter all-gather of ZeRO ≥ 1, over the dense DP group and the expert DP group."""
+    parameter all-gather of ZeRO 1-2, over the dense DP group and the expert DP group. ZeRO-3/FSDP
+    reduce-scatters in every microbatch's backward and gathers in its forward: see
+    autopar.cost.fsdp, nothing is charged here a second time."""
+    if plan.zero >= 3:
+        return 0.0
     g = MAIN_GRAD_BYTES[plan.framework]
     t = 0.0
     for params, span in ((dense, st.dp_span), (expert, st.edp_span)):
@@ -286,18 +343,6 @@ def _exposed_dp_s(sync_s: float, overlap_window_s: float, plan: ParallelPlan) ->
     return max(sync_s / GRAD_BUCKETS, sync_s - overlap_window_s)
 
 
-def _zero3_exposed_s(dense: float, expert: float, fwd_compute_s: float, st: StepSetup, cluster: Cluster,
-                     p: CostParams, plan: ParallelPlan) -> float:
-    """ZeRO-3/FSDP re-gathers weights in forward and backward of every microbatch and
-    reduce-scatters gradients in backward; prefetching hides it behind that microbatch's compute."""
-    if plan.zero < 3 or st.dp_span.size <= 1:
-        return 0.0
-    params = dense + expert
-    per_mb = 2 * comm.all_gather_s(params * BF16_BYTES, st.dp_span, cluster, p)
-    per_mb += comm.reduce_scatter_s(params * MAIN_GRAD_BYTES[plan.framework], st.dp_span, cluster, p)
-    return st.m * max(0.0, per_mb - 3.0 * fwd_compute_s)
-
-
 def rank_chunks(stages: list[list[Layer]], layout: Layout) -> list[list[list[Layer]]]:
     """The virtual stages each pipeline rank holds (Layout.rank_stages), in execution order."""
     return [[stages[i] for i in layout.rank_stages(r)] for r in range(layout.pp)]
@@ -307,6 +352,7 @@ def estimate(graph: ModelGraph, cluster: Cluster, plan: ParallelPlan, p: CostPar
              memory_margin: float = DEFAULT_MEMORY_MARGIN) -> Estimate:
     """Score one plan (assumed valid: see autopar.cost.layout.check_layout); it fits when its peak
     rank is within usable_memory_bytes(HBM, memory_margin)."""
+    p = for_framework(p, plan.framework)
     st = setup(graph, cluster, plan, p)
     layout = st.layout
     stages = assign_layers(graph, layout)
@@ -325,8 +371,8 @@ def estimate(graph: ModelGraph, cluster: Cluster, plan: ParallelPlan, p: CostPar
         sync = _dp_sync_s(dense, expert, st, cluster, p, plan)
         slack = r * (b[-1] / plan.vpp)  # later ranks finish their last backward earlier
         dp_exposed = max(dp_exposed, _exposed_dp_s(sync, b[-1], plan) - slack)
-        dp_exposed = max(dp_exposed, _zero3_exposed_s(dense, expert, f[-1] - sum(comm_parts[-1].values()) / 3,
-                                                      st, cluster, p, plan))
+        dp_exposed = max(dp_exposed, st.m * fsdp.exposed_per_microbatch_s(
+            rank_layers(chunks, costs, plan), plan, st.dp_span, cluster, p))
         stage_rows.append(StageEstimate(rank=r, layers=tuple(sum(1 for x in ch if x.kind in ("dense", "moe"))
                                                              for ch in chunks),
                                         fwd_s=f[-1], bwd_s=b[-1], recompute_s=rec[-1], params=dense + expert,
@@ -361,6 +407,8 @@ def _summarize(graph: ModelGraph, cluster: Cluster, plan: ParallelPlan, st: Step
     peak_row = max(stage_rows, key=lambda row: row.memory_bytes)
     capacity = cluster.hbm_bytes
     usable = usable_memory_bytes(capacity, memory_margin)
+    band = plan_band(graph.spec.moe is not None, plan.seq_len, plan.zero, plan.precision)
+    low, high = band.apply(tokens / step_s / n)
     return Estimate(
         step_time_s=step_s, tokens_per_s=tokens / step_s, tokens_per_s_per_gpu=tokens / step_s / n,
         model_tflops_per_gpu=model_flops / step_s / n / 1e12,
@@ -370,7 +418,7 @@ def _summarize(graph: ModelGraph, cluster: Cluster, plan: ParallelPlan, st: Step
         usable_memory_bytes=usable, memory_margin=memory_margin, fits=peak_row.memory_bytes <= usable,
         time_breakdown_s=breakdown_s, memory_breakdown_bytes=dict(peak_row.memory_breakdown_bytes),
         stages=tuple(stage_rows), num_microbatches=st.m, dp=st.dp,
-        notes=(MFU_NOTE,),
+        notes=(MFU_NOTE,), tokens_per_s_per_gpu_low=low, tokens_per_s_per_gpu_high=high,
     )
 
 

@@ -16,6 +16,7 @@ def estimate_to_dict(e: Estimate) -> dict[str, Any]:
     memory_capacity_bytes · (1 − memory_margin)."""
     return {
         "step_time_s": e.step_time_s, "tokens_per_s": e.tokens_per_s, "tokens_per_s_per_gpu": e.tokens_per_s_per_gpu,
+        "tokens_per_s_per_gpu_low": e.tokens_per_s_per_gpu_low, "tokens_per_s_per_gpu_high": e.tokens_per_s_per_gpu_high,
         "model_tflops_per_gpu": e.model_tflops_per_gpu, "hardware_tflops_per_gpu": e.hardware_tflops_per_gpu,
         "mfu": e.mfu, "peak_memory_bytes": e.peak_memory_bytes, "memory_capacity_bytes": e.memory_capacity_bytes,
         "usable_memory_bytes": e.usable_memory_bytes, "memory_margin": e.memory_margin,

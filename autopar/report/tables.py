@@ -73,7 +73,8 @@ def print_estimate(console: Console, plan, est) -> None:
                   f"zero {plan.zero} · recompute {plan.recompute.label()} · {plan.precision} · {plan.framework}")
     fits = "[green]fits[/]" if est.fits else "[bold red]does NOT fit[/]"
     console.print(f"step {seconds(est.step_time_s)}   {est.tokens_per_s:,.0f} tokens/s   "
-                  f"{est.tokens_per_s_per_gpu:,.1f} tokens/s/GPU   MFU {est.mfu:.1%}")
+                  f"{est.tokens_per_s_per_gpu:,.1f} tokens/s/GPU (P10-P90 of errors on unseen sources: "
+                  f"{est.tokens_per_s_per_gpu_low:,.0f}-{est.tokens_per_s_per_gpu_high:,.0f})   MFU {est.mfu:.1%}")
     console.print(f"model {est.model_tflops_per_gpu:.1f} TFLOP/s/GPU, hardware (with recompute) "
                   f"{est.hardware_tflops_per_gpu:.1f} TFLOP/s/GPU   peak memory {gib(est.peak_memory_bytes)} of "
                   f"{usable_label(est)}: {fits}")
@@ -130,23 +131,56 @@ def print_validate(console: Console, result: dict[str, Any], rows: bool = True) 
         _summary_row(s, f"hardware {name}", summ)
     for name, summ in result["by_source"].items():
         _summary_row(s, f"source {name}", summ)
-    for name, summ in result.get("by_category", {}).items():
-        _summary_row(s, f"category {name}", summ)
-    if "moe" not in result.get("by_category", {}):
-        console.print("[dim]No MoE run is among the shipped measured runs: MoE predictions are unvalidated.[/]")
+    for name, summ in result.get("by_framework", {}).items():
+        _summary_row(s, f"framework {name}", summ)
+    for name, summ in result.get("by_regime", {}).items():
+        _summary_row(s, f"regime {name}", summ)
     console.print(s)
+    mem = result.get("memory")
+    if mem and mem["runs"]:
+        m = Table(title="Peak memory, runs that measured it (predicted for the chosen plan)")
+        for col in ("run", "measured GiB", "predicted GiB", "error"):
+            m.add_column(col, justify="left" if col == "run" else "right")
+        for r in mem["rows"]:
+            m.add_row(r["run_id"], f"{r['measured_gib']:.1f}", f"{r['predicted_gib']:.1f}", f"{r['error']:+.1%}")
+        console.print(m)
     console.print(f"[dim]{result['method']}[/]")
+
+
+def print_loso(console: Console, result: dict[str, Any]) -> None:
+    """`autopar validate --leave-one-source-out`: each source scored by a fit that never saw it."""
+    t = Table(title="Leave-one-source-out error of tokens/s/GPU (each source predicted by a refit without it)")
+    for col in ("group", "runs", "median APE"):
+        t.add_column(col, justify="left" if col == "group" else "right")
+    for row in result["sources"]:
+        t.add_row(f"source {row['source']}", str(row["runs"]), f"{row['median_ape']:.1f}%")
+    for row in result["regimes"]:
+        t.add_row(f"regime {row['regime']}", str(row["runs"]), f"{row['median_ape']:.1f}%")
+    mem = result["memory"]
+    if mem["runs"]:
+        t.add_row("peak memory", str(mem["runs"]), f"{mem['median_ape']:.1f}%")
+    console.print(t)
+    console.print(f"median APE {result['median_ape']:.1f}%, P90 {result['p90_ape']:.1f}% (each source weighted "
+                  f"equally); {result['fit_rate']:.1%} of measured runs predicted to fit")
 
 
 def _plan_row(plan, est) -> list[str]:
     return [plan.layout(), str(est.dp), str(plan.mbs), str(plan.zero), plan.recompute.label(),
-            seconds(est.step_time_s), f"{est.tokens_per_s_per_gpu:,.0f}", f"{est.mfu:.1%}",
+            seconds(est.step_time_s), _with_band(est), f"{est.mfu:.1%}",
             f"{est.peak_memory_bytes / GiB:.1f}/{est.memory_capacity_bytes / GiB:.0f} GiB",
             f"{est.bubble_fraction:.1%}", f"{est.exposed_comm_fraction:.1%}"]
 
 
-_PLAN_COLUMNS = ("layout", "dp", "mbs", "zero", "recompute", "step", "tok/s/GPU", "MFU", "memory", "bubble",
-                 "exposed comm")
+_PLAN_COLUMNS = ("layout", "dp", "mbs", "zero", "recompute", "step", "tok/s/GPU P10/P90", "MFU", "memory",
+                 "bubble", "exposed comm")
+
+
+def _with_band(est) -> str:
+    """tokens/s/GPU with the leave-one-source-out error band of the plan's regime (P10/P90, relative)."""
+    tps = est.tokens_per_s_per_gpu
+    if not est.tokens_per_s_per_gpu_high or not tps:
+        return f"{tps:,.0f}"
+    return f"{tps:,.0f} {est.tokens_per_s_per_gpu_low / tps - 1:+.0%}/{est.tokens_per_s_per_gpu_high / tps - 1:+.0%}"
 
 
 def print_plans(console: Console, result) -> None:

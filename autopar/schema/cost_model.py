@@ -61,6 +61,27 @@ class MemoryOverheads(BaseModel):
     comm_buffer_gib: Real = Field(..., ge=0, description="NCCL and bucket buffers per GPU.")
 
 
+class AttentionKernelRate(BaseModel):
+    """A flash-attention kernel family's achieved fraction of the dense bf16 peak at long sequence
+    (causal, head dim 128), forward and backward separately, with the table it was read from."""
+
+    model_config = _FROZEN
+
+    fwd: float = Field(..., gt=0, le=1, description="Forward FLOP rate over the dense bf16 peak.")
+    bwd: float = Field(..., gt=0, le=1, description="Backward FLOP rate over the dense bf16 peak.")
+    source: str = Field(..., min_length=1, description="Benchmark table or `autopar profile` run it comes from.")
+
+
+class FrameworkEfficiency(BaseModel):
+    """One framework's own fitted efficiencies, replacing the file's values for its plans."""
+
+    model_config = _FROZEN
+
+    compute: dict[str, float] = Field(default_factory=dict, description="ComputeEfficiency fields replaced.")
+    network: dict[str, float] = Field(default_factory=dict, description="NetworkEfficiency fields replaced.")
+    source: str = Field(..., min_length=1, description="The runs these were fitted on, or why they are set.")
+
+
 class GemmPoint(BaseModel):
     model_config = _FROZEN
 
@@ -90,5 +111,13 @@ class CostModelFile(BaseModel):
     network: NetworkEfficiency
     memory: MemoryOverheads
     gemm_table: list[GemmPoint] = Field(default_factory=list, description="Profiled GEMM efficiencies, if any.")
+    attention_kernels: dict[str, AttentionKernelRate] = Field(
+        default_factory=dict, description="Flash-attention rates by kernel family (fa2, fa3, cudnn; 'profiled' "
+        "overrides every family); empty = attention_max for both passes.")
+    frameworks: dict[str, FrameworkEfficiency] = Field(
+        default_factory=dict, description="Per-framework efficiencies (megatron uses the file's own values).")
+    constant_sources: dict[str, str] = Field(
+        default_factory=dict, description="Where each constant comes from: fitted (on which runs), kernel "
+        "benchmark (which table) or datasheet; keyed by section.field.")
     fit: FitReport | None = None
     measurements: dict[str, Any] = Field(default_factory=dict, description="Raw results of `autopar profile`.")

@@ -41,6 +41,8 @@ class GPUSpec(BaseModel):
     peak_tflops: PeakTFLOPS = Field(..., description="Dense tensor-core peaks by dtype, TFLOP/s.")
     hbm_gib: Real = Field(..., gt=0, description="HBM capacity per GPU in GiB (1024**3 bytes).")
     hbm_gb_per_s: Real = Field(..., gt=0, description="HBM bandwidth per GPU in GB/s (1e9 bytes/s).")
+    hbm_type: str | None = Field(None, description="HBM generation (HBM2e, HBM3, HBM3e): the SKU, for the record.")
+    power_limit_w: Real | None = Field(None, gt=0, description="Board power limit the GPUs ran at, W; the peaks above must be those sustained at it.")
 
 
 class NodeSpec(BaseModel):

@@ -87,12 +87,12 @@ class ParallelPlan(BaseModel):
         "overlapped, a2a (Ulysses: heads scattered, needs kv heads / tp divisible by cp), allgather of K/V.")
     moe_dispatcher: Literal["alltoall", "allgather"] = Field(
         "alltoall", description="MoE token dispatcher (Megatron --moe-token-dispatcher-type).")
-    moe_load_imbalance: Real = Field(
-        1.25, ge=1.0, description="Tokens on the busiest expert rank over the mean, for dropless routing. Default "
-        "1.25: the capacity factor Switch Transformer recommends (Fedus et al. 2022 §2.2) as the load margin.")
+    moe_load_imbalance: Real | None = Field(
+        None, ge=1.0, description="Tokens on the busiest expert rank over the mean; None = derived from the "
+        "tokens, experts per rank and top-k (balls-into-bins, see autopar.cost.step.moe_load).")
     moe_capacity_factor: Real | None = Field(
         None, gt=0, description="Expert capacity factor (Megatron --moe-expert-capacity-factor); None = dropless. "
-        "Tokens beyond capacity are dropped, so the busiest rank carries min(imbalance, capacity factor).")
+        "Tokens beyond capacity are dropped, so the busiest rank carries min(load, capacity factor).")
     framework: Framework = Field(Framework.MEGATRON, description="Target framework.")
     layers_per_stage: tuple[Count, ...] | None = Field(
         None, description="Decoder layers per virtual stage (pp·vpp entries, in execution order); None = "

@@ -14,6 +14,14 @@ exactly as `estimate` does).
     cheapest decoder's recompute time.
   memory_lower_bound_bytes: the exact peak of the first and the last pipeline rank (the estimate's
     own `rank_memory`); the plan's peak is the maximum over all ranks, so this is a lower bound.
+  rank_memory_lower_bound_bytes: the same two ranks from the tables (states, in-flight saved
+    activations, recompute working bytes; no graph walk), ≤ memory_lower_bound_bytes (tested).
+  layout_bound_s ≤ family_bound_s ≤ group_bound_s ≤ time_lower_bound_s: one table's time sum
+    bounds every plan of a layout (tp, cp, ep, etp, sp), a family (+ pp, ZeRO), a micro-batch group.
+  states_lower_bound_bytes: the mean rank's model states, a bound for a whole family.
+
+Candidates may be search.space.Drafts (NamedTuples with ParallelPlan's own properties); a
+validated ParallelPlan is built (`as_plan`) only where the estimate's functions need one.
 """
 
 from __future__ import annotations
@@ -26,8 +34,9 @@ import numpy as np
 
 from autopar.cost import comm, memory
 from autopar.cost.layer import BF16_BYTES, layer_cost
+from autopar.cost.frameworks import framework_profile
 from autopar.cost.layout import Layout
-from autopar.cost.params import CostParams
+from autopar.cost.params import CostParams, for_framework
 from autopar.cost.pipeline import pipeline_step_s
 from autopar.cost.step import (
     assign_layers,
@@ -111,12 +120,14 @@ def split_key(plan: ParallelPlan) -> tuple:
     """What a layer's cost depends on; pp, vpp, zero and the recompute mode do not enter."""
     modules = plan.recompute.modules if plan.recompute.mode == RecomputeMode.SELECTIVE else ("core_attn",)
     return (plan.tp, plan.sequence_parallel, plan.cp, plan.ep, plan.expert_tp, plan.mbs, plan.seq_len,
-            plan.precision, plan.tp_comm_overlap, modules)
+            plan.precision, plan.tp_comm_overlap, plan.framework, modules)
 
 
 def layer_table(graph: ModelGraph, cluster: Cluster, plan: ParallelPlan, p: CostParams) -> LayerTable:
     """The table of `plan`'s split, from the estimate's per-layer functions (one row per layer
     kind, spread over the graph's layers)."""
+    p = for_framework(p, plan.framework)
+    policy = framework_profile(plan.framework).selective_policy
     st = setup(graph, cluster, plan, p)
     modules = split_key(plan)[-1]
     kind_to_index: dict[str, int] = {}
@@ -144,7 +155,7 @@ def layer_table(graph: ModelGraph, cluster: Cluster, plan: ParallelPlan, p: Cost
     p2p_bytes = st.split.tokens * graph.spec.hidden_size * BF16_BYTES / (plan.tp if plan.sequence_parallel else 1)
     return LayerTable(
         is_decoder=dec[idx], fb_s=np.array([c.fwd_s + c.bwd_s for c in costs])[idx],
-        recompute_s={m: np.array([c.recompute_s(m, modules) if d else 0.0 for c, d in zip(costs, dec)])[idx]
+        recompute_s={m: np.array([c.recompute_s(m, modules, policy) if d else 0.0 for c, d in zip(costs, dec)])[idx]
                      for m in MODES},
         p2p_s=(comm.send_recv_s(p2p_bytes, False, cluster, p), comm.send_recv_s(p2p_bytes, True, cluster, p)),
         memory_columns=memory_columns)
@@ -152,7 +163,7 @@ def layer_table(graph: ModelGraph, cluster: Cluster, plan: ParallelPlan, p: Cost
 
 class Pricer:
     """Tables and bounds for one (model, cluster, cost model); candidates that share a split share
-    a table, and `setup` results are shared per (split, dp)."""
+    a table, and Layouts are shared per degrees, batch and ZeRO stage."""
 
     def __init__(self, graph: ModelGraph, cluster: Cluster, p: CostParams) -> None:
         self.graph, self.cluster, self.p = graph, cluster, p
@@ -321,8 +332,15 @@ class Pricer:
 def state_bytes_per_param(layout: Layout, plan: ParallelPlan) -> tuple[float, float]:
     """(dense, expert) bytes of weights + grads + optimizer per local parameter: the estimate's
     `memory.model_state_bytes` over the layout's dense and expert ZeRO shard sizes."""
-    return (sum(memory.model_state_bytes(1.0, plan.framework, plan.zero, layout.dense_shard).values()),
-            sum(memory.model_state_bytes(1.0, plan.framework, plan.zero, layout.expert_shard).values()))
+    # Only the states resident at the forward/backward peak (memory.resident_state_bytes): FSDP2
+    # frees its gradients between steps, so with one microbatch they are not counted (the estimate's
+    # peak is the larger phase, so this stays a lower bound of it).
+    persistent = framework_profile(plan.framework).persistent_gradients
+    m = layout.num_microbatches
+    return (memory.resident_state_bytes(memory.model_state_bytes(1.0, plan.framework, plan.zero, layout.dense_shard),
+                                        persistent, m),
+            memory.resident_state_bytes(memory.model_state_bytes(1.0, plan.framework, plan.zero, layout.expert_shard),
+                                        persistent, m))
 
 
 @dataclass(frozen=True)

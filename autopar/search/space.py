@@ -241,7 +241,7 @@ def _recompute_free(spec: SpaceSpec) -> Iterator[Draft]:
                     for vpp in vpp_options(spec, pp, m):
                         for zero in zero_options(spec):
                             for sp in sp_options(spec, tp):
-                                yield Draft(tp, pp, cp, ep, etp, vpp, mbs, zero, sp, first, *consts)
+                                yield tuple.__new__(Draft, (tp, pp, cp, ep, etp, vpp, mbs, zero, sp, first, *consts))
 
 
 def raw_candidates(spec: SpaceSpec) -> Iterator[Draft]:

@@ -4,6 +4,10 @@ Files (cost_models/measured/, see its README.md for provenance):
 
 - ``published_runs.yaml``: 46 runs read from papers and vendor docs, each with its source,
   ``metric_definition``, ``verified_from``, ``derived_fields`` and ``confidence``.
+- ``published_runs_2.yaml``: 21 runs in the regimes the first set lacks, same schema: the ZeRO-3
+  baselines of Narayanan et al. SC'21 Table 2 (DeepSpeed in Megatron, A100), torchtitan's Dec 2024
+  benchmark (FSDP2, CP to 256K, float8, with measured peak memory, on the 500 W H100 96 GB of
+  Meta's Grand Teton) and the Megatron-LM baseline of MegaScale-MoE Table 3 (352B MoE, H800).
 - ``vtrain_ground_truth_single.csv`` (1,440 runs, 2-8 GPUs) and
   ``vtrain_ground_truth_multi.csv`` (109 runs, 64-512 GPUs): iteration times measured by the
   vTrain project (Bang et al., MICRO'24, arXiv:2312.12391; MIT licence, VTRAIN_LICENSE).
@@ -19,8 +23,10 @@ Conversion to tokens/s/GPU (never a generic formula; always the row's own metric
   12·B·s·L·h²·[(1 + g/a + s/h) + (ffn/h)·gate + V/2Lh] (the row's metric_definition). The table
   omits ffn and kv heads; MHA with a 4h non-gated FFN is taken because 12·L·h² + 2·V·h
   reproduces every published parameter count (and a SwiGLU 8h/3 FFN has the same FLOPs).
-- nemo-24.07, megatron-llama3-fp8: the FLOP formula is not stated, so only the printed
-  tokens/s/GPU is used.
+- nemo-24.07, megatron-llama3-fp8, torchtitan-2412: the FLOP formula is not stated (torchtitan
+  reports no MFU), so only the printed tokens/s/GPU is used.
+- narayanan21-zero3: Table 2 prints TFLOP/s/GPU by the same Eq. 3 as Table 1.
+- megascale-moe: Table 3's iteration time as printed; tokens/s/GPU = B·s/step/N.
 - vtrain-*: tokens/s/GPU = global_batch·seq_len / iteration time / GPUs.
 ``measured_step_time_s`` is always filled: measured where the source gives it, otherwise the
 step time the conversion implies (B·s / (tokens/s/GPU · N)); ``conversion`` says which.
@@ -74,19 +80,25 @@ from autopar.units import MS, TFLOPS
 logger = logging.getLogger(__name__)
 
 PUBLISHED_FILE = "published_runs.yaml"
+PUBLISHED_FILE_2 = "published_runs_2.yaml"
 VTRAIN_SINGLE_FILE = "vtrain_ground_truth_single.csv"
 VTRAIN_MULTI_FILE = "vtrain_ground_truth_multi.csv"
 
 SOURCES: tuple[str, ...] = (
     "narayanan21", "korthikanti22", "megatron-readme", "nemo-24.07", "megatron-llama3-fp8",
-    "vtrain-single", "vtrain-multi",
+    "vtrain-single", "vtrain-multi", "narayanan21-zero3", "torchtitan-2412", "megascale-moe",
 )
 KNOWN_CLUSTERS: tuple[str, ...] = (
     "dgx-a100-40gb", "dgx-a100-80gb", "dgx-h100", "hgx-h800", "dgx-h200", "dgx-b200", "vtrain-a100",
+    "grandteton-h100-96gb",
 )
 
-# Published run id prefix -> short source name (a new source must be added here on purpose).
+# Published run id prefix -> short source name (a new source must be added here on purpose; the
+# first matching prefix wins, so a longer prefix goes before its stem).
 _ID_PREFIX_TO_SOURCE = {
+    "narayanan21_t2_": "narayanan21-zero3",
+    "torchtitan2412_": "torchtitan-2412",
+    "megascale_moe25_": "megascale-moe",
     "narayanan21_": "narayanan21",
     "korthikanti22_": "korthikanti22",
     "megatronlm_readme_": "megatron-readme",
@@ -96,8 +108,16 @@ _ID_PREFIX_TO_SOURCE = {
 # hardware.gpu text of a published row -> autopar hardware profile.
 _GPU_TEXT_TO_CLUSTER = (
     ("A100-SXM 80GB", "dgx-a100-80gb"),
+    ("H100 SXM 96GB HBM2e", "grandteton-h100-96gb"),
+    ("H800", "hgx-h800"),
     ("H100", "dgx-h100"),
 )
+# Source -> the framework its runs used. narayanan21-zero3: "ZeRO-3 via DeepSpeed integrated into
+# Megatron codebase" (Megatron-DeepSpeed, as vTrain's runs); megascale-moe: the Megatron-LM baseline.
+_SOURCE_TO_FRAMEWORK = {
+    "narayanan21-zero3": "deepspeed", "torchtitan-2412": "torchtitan", "vtrain-single": "deepspeed",
+    "vtrain-multi": "deepspeed",
+}
 
 
 @dataclass(frozen=True, slots=True)
@@ -135,6 +155,9 @@ class MeasuredRun:
     confidence: str
     split: str
     notes: str = ""
+    framework: str = "megatron"  # megatron | deepspeed | torchtitan, as in ParallelPlan.framework
+    measured_memory_gib: float | None = None  # peak memory the source measured (max reserved), GiB
+    compiled: bool | None = None  # torch.compile on (torchtitan rows), None where not applicable
 
 
 class _Unusable(Exception):
@@ -246,7 +269,7 @@ class _RowParallel(BaseModel):
     pipeline_schedule: str | None
     zero_stage: int | None
     distributed_optimizer: bool | None
-    fsdp: bool | None
+    fsdp: bool | str | None
     recompute: str | None
     recompute_num_layers: int | None
     micro_batch_size: int | None
@@ -269,7 +292,7 @@ class _RowMetrics(BaseModel):
     step_time_s: float | None
     aggregate_pflops: float | None
     memory_gib: float | None
-    other: str | None
+    other: str | dict[str, float] | None
 
 
 class _Row(BaseModel):
@@ -347,11 +370,14 @@ def _parsed_activation(text: str | None) -> str | None:
 def _family_defaults(source: str, family: str, model: _RowModel) -> dict[str, Any]:
     """Architecture fields a family fixes, used only where the row leaves them empty."""
     h, heads = model.hidden_size, model.num_attention_heads
-    if source in ("narayanan21", "korthikanti22"):  # Megatron-LM GPT of the SC'21/'22 scripts
+    if source in ("narayanan21", "korthikanti22", "narayanan21-zero3"):  # Megatron-LM GPT of the SC'21/'22 scripts
         return {"activation": "gelu", "normalization": "layernorm", "position_embedding": "learned",
                 "tie_embeddings": True}
     if source == "megatron-readme":  # 12·L·h² + 2·V·h matches every published parameter count
         return {"num_kv_heads": heads, "ffn_hidden_size": 4 * h, "activation": "gelu", "tie_embeddings": False}
+    if source == "megascale-moe":  # Table 2: m = 4 query heads per KV group; SwiGLU experts (see notes)
+        return {"num_kv_heads": heads // 4, "activation": "swiglu", "normalization": "rmsnorm",
+                "position_embedding": "rope", "tie_embeddings": False}
     if family in ("llama2", "llama3"):
         return {"activation": "swiglu", "normalization": "rmsnorm", "position_embedding": "rope",
                 "tie_embeddings": False}
@@ -409,7 +435,7 @@ def _preset_for(family: str, arch: dict[str, Any]) -> str | None:
 def _precision(text: str | None) -> tuple[str, str]:
     """(precision, note). 16-bit runs that do not say fp16 or bf16 are recorded as bf16."""
     lowered = (text or "").lower()
-    if "fp8" in lowered:
+    if "fp8" in lowered or "float8" in lowered:
         return "fp8", ""
     if "fp16" in lowered and "bf16" not in lowered:
         return "fp16", ""
@@ -431,6 +457,8 @@ def _recompute(text: str | None) -> str | None:
 def _zero_stage(parallel: _RowParallel) -> tuple[int | None, str]:
     if parallel.zero_stage is not None:
         return parallel.zero_stage, ""
+    if isinstance(parallel.fsdp, str) and "fsdp" in parallel.fsdp.lower():
+        return 3, ""  # FSDP2 full shard (torchtitan's default reshard_after_forward)
     if parallel.distributed_optimizer is not None:
         return int(parallel.distributed_optimizer), ""
     if parallel.other and "--overlap-param-gather" in parallel.other:
@@ -512,6 +540,10 @@ _CONVERTERS = {
     "korthikanti22": _convert_korthikanti22,
     "megatron-readme": _convert_megatron_readme,
     "nemo-24.07": lambda row, arch: _from_printed_tokens(row, "NeMo 24.07 performance summary"),
+    "narayanan21-zero3": _convert_narayanan21,
+    "torchtitan-2412": lambda row, arch: _from_printed_tokens(row, "torchtitan docs/performance.md TPS/GPU"),
+    "megascale-moe": lambda row, arch: _from_step_time(
+        row, row.metrics.step_time_s, f"iteration time {row.metrics.step_time_s:g} s as printed (MegaScale-MoE Table 3)"),
     "megatron-llama3-fp8": lambda row, arch: _from_printed_tokens(row, "Megatron-LM examples/llama FP8 table"),
 }
 
@@ -535,7 +567,14 @@ def _published_fields(row: _Row) -> dict[str, Any]:
         "measured_tokens_per_s_per_gpu": throughput.tokens_per_s_per_gpu,
         "measured_step_time_s": throughput.step_time_s, "conversion": throughput.conversion,
         "confidence": row.confidence, "notes": notes,
+        "framework": _SOURCE_TO_FRAMEWORK.get(source, "megatron"), "measured_memory_gib": row.metrics.memory_gib,
+        "compiled": _compiled(row) if source == "torchtitan-2412" else None,
     }
+
+
+def _compiled(row: _Row) -> bool:
+    """torch.compile on: torchtitan's tables name it among the run's techniques."""
+    return "torch.compile" in (row.recipe_context or "") or "torch.compile" in (row.other_measurements or "")
 
 
 def _read_published(path: Path) -> list[_Row]:
@@ -554,9 +593,10 @@ def _published_group(fields: dict[str, Any]) -> Hashable:
     return (fields["cluster"], arch["num_layers"], arch["hidden_size"], arch["ffn_hidden_size"])
 
 
-def _load_published(path: Path) -> tuple[list[MeasuredRun], list[tuple[str, str]]]:
+def _load_published(*paths: Path) -> tuple[list[MeasuredRun], list[tuple[str, str]]]:
+    """Rows of every file, split together (a model shape in two files lands on one side)."""
     loaded, skipped = [], []
-    for row in _read_published(path):
+    for row in (row for path in paths for row in _read_published(path)):
         try:
             loaded.append(_published_fields(row))
         except _Unusable as exc:
@@ -622,7 +662,7 @@ def _vtrain_fields(row: dict[str, str], run_id: str, source: str, detail: str) -
         "cp": 1, "ep": 1, "etp": 1, "vpp": 1, "sequence_parallel": False, "recompute": "full", "zero_stage": 0,
         "precision": "fp16", "measured_tokens_per_s_per_gpu": tokens_per_s_per_gpu(b, s, step, n),
         "measured_step_time_s": step, "conversion": f"B·s / iteration time {ms:g} ms / N (B={b}, s={s}, N={n})",
-        "confidence": "high", "notes": _VTRAIN_NOTES,
+        "confidence": "high", "notes": _VTRAIN_NOTES, "framework": "deepspeed",
     }
 
 
@@ -657,7 +697,7 @@ def measured_dir() -> Path:
 @functools.lru_cache(maxsize=1)
 def _load_all() -> tuple[tuple[MeasuredRun, ...], tuple[tuple[str, str], ...]]:
     folder = measured_dir()
-    published, skipped = _load_published(folder / PUBLISHED_FILE)
+    published, skipped = _load_published(folder / PUBLISHED_FILE, folder / PUBLISHED_FILE_2)
     single = _load_vtrain(folder / VTRAIN_SINGLE_FILE, "vtrain-single")
     multi = _load_vtrain(folder / VTRAIN_MULTI_FILE, "vtrain-multi")
     return tuple(published + single + multi), tuple(skipped)

@@ -7,6 +7,10 @@ from typing import Any
 
 from autopar.cost.params import CostParams, cost_model_for_gpu, load_cost_model
 from autopar.validate.dataset import MeasuredRun, load_runs
+from statistics import median
+
+from autopar.units import GiB
+from autopar.validate.regimes import REGIMES, regimes_of
 from autopar.validate.runner import Prediction, _cluster_for, predict, summarize
 
 
@@ -35,6 +39,9 @@ def validate(split: str = "holdout", sources: set[str] | None = None, cost_model
         "by_hardware": _grouped(preds, lambda pr: pr.run.cluster),
         "by_source": _grouped(preds, lambda pr: pr.run.source),
         "by_category": _grouped(preds, lambda pr: category(pr.run)),
+        "by_regime": by_regime(preds),
+        "by_framework": _grouped(preds, lambda pr: pr.run.framework),
+        "memory": memory_summary(preds),
         "skipped": skipped,
         "method": "tokens/s/GPU predicted for the fastest fitting plan among the run's unstated settings; "
                   "error = |predicted - measured| / measured",
@@ -48,6 +55,28 @@ def category(run: MeasuredRun) -> str:
     if run.seq_len >= 8192 or run.cp > 1:
         return "long-context"
     return "dense"
+
+
+def run_regimes(pr: Prediction) -> list[str]:
+    """The regimes of a predicted run (autopar.validate.regimes), from its chosen plan."""
+    r = pr.run
+    return regimes_of(bool(r.arch.get("moe")), r.seq_len, pr.plan.zero, pr.plan.precision)
+
+
+def by_regime(preds: list[Prediction]) -> dict[str, dict[str, float]]:
+    """Error summary of every regime (a run counts in each regime it belongs to)."""
+    return {regime: summarize([pr for pr in preds if regime in run_regimes(pr)]) for regime in REGIMES
+            if any(regime in run_regimes(pr) for pr in preds)}
+
+
+def memory_summary(preds: list[Prediction]) -> dict[str, Any]:
+    """Predicted vs measured peak memory of every run that measured it (the chosen plan's peak)."""
+    rows = [pr for pr in preds if pr.memory_error is not None]
+    errs = sorted(abs(pr.memory_error) for pr in rows)
+    return {"runs": len(rows), "median_ape": 100 * median(errs) if errs else None,
+            "worst_ape": 100 * errs[-1] if errs else None,
+            "rows": [{"run_id": pr.run.run_id, "measured_gib": pr.run.measured_memory_gib,
+                      "predicted_gib": pr.peak_memory_bytes / GiB, "error": pr.memory_error} for pr in rows]}
 
 
 def _grouped(preds: list[Prediction], key) -> dict[str, dict[str, float]]:
@@ -65,4 +94,6 @@ def _row(pr: Prediction) -> dict[str, Any]:
                        "tp_comm_overlap": pr.plan.tp_comm_overlap},
             "measured_tokens_per_s_per_gpu": r.measured_tokens_per_s_per_gpu,
             "predicted_tokens_per_s_per_gpu": pr.predicted_tokens_per_s_per_gpu,
-            "error": pr.error, "fits": pr.fits, "conversion": r.conversion}
+            "error": pr.error, "fits": pr.fits, "conversion": r.conversion, "framework": r.framework,
+            "regimes": run_regimes(pr), "measured_memory_gib": r.measured_memory_gib,
+            "predicted_memory_gib": pr.peak_memory_bytes / GiB}

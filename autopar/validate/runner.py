@@ -10,6 +10,7 @@ NeMo GPT-3: 50257) and listed as assumptions.
 
 from __future__ import annotations
 
+import itertools
 import math
 from dataclasses import dataclass
 from functools import lru_cache
@@ -19,8 +20,9 @@ from autopar.cost.params import CostParams
 from autopar.cost.step import estimate
 from autopar.hardware import Cluster, load_cluster
 from autopar.model import ModelGraph, build_graph
-from autopar.schema.model import ModelSpec
+from autopar.schema.model import ModelSpec, MoESpec
 from autopar.schema.plan import ParallelPlan, Recompute, plan_violations
+from autopar.units import GiB
 from autopar.validate.dataset import MeasuredRun
 
 _FAMILY_VOCAB = (("llama2", 32000), ("llama3", 128256), ("nemotron", 256000), ("gpt3", 50257))
@@ -32,6 +34,14 @@ class Prediction:
     predicted_tokens_per_s_per_gpu: float
     plan: ParallelPlan
     fits: bool
+    peak_memory_bytes: float = 0.0
+
+    @property
+    def memory_error(self) -> float | None:
+        """Signed relative error of the predicted peak memory, where the run measured it."""
+        if self.run.measured_memory_gib is None:
+            return None
+        return self.peak_memory_bytes / (self.run.measured_memory_gib * GiB) - 1.0
 
     @property
     def error(self) -> float:
@@ -62,10 +72,19 @@ def _build_graph(run: MeasuredRun) -> ModelGraph:
 
         return load_model(a["model"])
     heads = a["num_attention_heads"]
+    moe = a.get("moe")
+    moe_spec = None
+    if moe:
+        moe_spec = MoESpec(num_experts=moe["num_experts"], top_k=moe["top_k"],
+                           expert_ffn_hidden_size=moe["moe_ffn_hidden"],
+                           num_shared_experts=moe.get("shared_experts") or 0,
+                           shared_expert_ffn_hidden_size=moe["moe_ffn_hidden"] if moe.get("shared_experts") else 0,
+                           first_k_dense=moe.get("dense_layers") or 0)
     spec = ModelSpec(
         name=run.run_id, source=run.source_detail, num_layers=a["num_layers"], hidden_size=a["hidden_size"],
         num_attention_heads=heads, num_kv_heads=a.get("num_kv_heads") or heads,
-        ffn_hidden_size=a.get("ffn_hidden_size") or 4 * a["hidden_size"], vocab_size=_vocab(run),
+        ffn_hidden_size=a.get("ffn_hidden_size") or (moe["moe_ffn_hidden"] if moe else 4 * a["hidden_size"]),
+        vocab_size=_vocab(run), moe=moe_spec,
         seq_length=run.seq_len, activation=a.get("activation") or "gelu",
         normalization=a.get("normalization") or "layernorm", position_embedding=a.get("position_embedding") or "rope",
         tie_embeddings=bool(a.get("tie_embeddings")), dropout=run.source in ("narayanan21", "korthikanti22") or run.source.startswith("vtrain"),
@@ -91,24 +110,38 @@ def candidate_plans(run: MeasuredRun, graph: ModelGraph) -> list[ParallelPlan]:
         vpp_options = [v for v in (1, 2, 3, 4, 6, 8) if graph.spec.num_layers % (run.pp * v) == 0 and
                        (v == 1 or run.pp > 1)]
     overlap_options = [False, True] if run.tp > 1 and run.source.startswith(("nemo", "megatron")) else [False]
-    zero = run.zero_stage if run.zero_stage is not None else (1 if run.source.startswith(("nemo", "megatron")) else 0)
+    zero = run.zero_stage if run.zero_stage is not None else (1 if run.framework == "megatron" else 0)
+    ep_options = _ep_options(run, graph, dp)
+    # torchtitan's context parallelism (torch's context_parallel) rotates K/V by all-gather by default.
+    cp_comm = "allgather" if run.framework == "torchtitan" else "p2p"
     plans = []
-    for mbs in mbs_options:
-        for rec in recompute_options:
-            for sp in sp_options:
-                for vpp in vpp_options:
-                    for overlap in overlap_options:
-                        if overlap and not sp:
-                            continue
-                        plan = ParallelPlan(tp=run.tp, pp=run.pp, cp=run.cp, ep=run.ep, vpp=vpp, mbs=mbs,
-                                            global_batch=run.global_batch, seq_len=run.seq_len, zero=zero,
-                                            sp=sp if run.tp > 1 else None, recompute=Recompute(mode=rec),
-                                            precision="fp8" if run.precision == "fp8" else "bf16",
-                                            tp_comm_overlap=overlap, overlap_grad_reduce=not _local_ddp(run),
-                                            overlap_param_gather=not _local_ddp(run))
-                        if not _violations(plan, run, graph):
-                            plans.append(plan)
+    for mbs, rec, sp, vpp, overlap, ep in itertools.product(mbs_options, recompute_options, sp_options, vpp_options,
+                                                            overlap_options, ep_options):
+        if overlap and not sp:
+            continue
+        plan = ParallelPlan(tp=run.tp, pp=run.pp, cp=run.cp, ep=ep, vpp=vpp, mbs=mbs,
+                            global_batch=run.global_batch, seq_len=run.seq_len, zero=zero,
+                            sp=sp if run.tp > 1 else None, recompute=Recompute(mode=rec),
+                            precision="fp8" if run.precision == "fp8" else "bf16",
+                            tp_comm_overlap=overlap, overlap_grad_reduce=not _local_ddp(run),
+                            overlap_param_gather=not _local_ddp(run), framework=run.framework,
+                            cp_comm_type=cp_comm)
+        if not _violations(plan, run, graph):
+            plans.append(plan)
     return plans
+
+
+def _ep_options(run: MeasuredRun, graph: ModelGraph, dp: int) -> list[int]:
+    """The stated EP degree, or for an MoE run that does not state it every degree that divides
+    the experts and the data-parallel size (Megatron: ep·etp·edp·pp = GPUs with etp = tp)."""
+    experts = graph.spec.moe.num_experts if graph.spec.moe else 0
+    if run.ep > 1 or not experts:
+        return [run.ep]
+    options = [e for e in range(1, experts + 1) if experts % e == 0 and dp % e == 0]
+    if run.source == "megascale-moe" and len(options) > 1:
+        # Sec. 6.1: "a TP size of 8 forces EP to operate across nodes": EP is in use (ep > 1).
+        options = options[1:]
+    return options
 
 
 def _local_ddp(run: MeasuredRun) -> bool:
@@ -137,11 +170,11 @@ def predict(run: MeasuredRun, p: CostParams) -> Prediction | None:
         e = estimate(graph, cluster, plan, p, MEASURED_RUN_MARGIN)
         key = (e.fits, e.tokens_per_s_per_gpu)
         if best is None or key > best[0]:
-            best = (key, plan)
+            best = (key, plan, e.peak_memory_bytes)
     if best is None:
         return None
-    (fits, tps), plan = best
-    return Prediction(run=run, predicted_tokens_per_s_per_gpu=tps, plan=plan, fits=fits)
+    (fits, tps), plan, peak = best
+    return Prediction(run=run, predicted_tokens_per_s_per_gpu=tps, plan=plan, fits=fits, peak_memory_bytes=peak)
 
 
 def summarize(preds: list[Prediction]) -> dict[str, float]:

@@ -1,0 +1,89 @@
+"""What a training framework does differently, as the cost model needs it: which attention kernel
+it launches, how it checkpoints "selective", whether its loss is fused, whether gradients stay
+resident, how ZeRO-3/FSDP gathers parameters. One profile per framework (and the version the
+shipped numbers describe); the cost terms read the profile, never the framework's name.
+
+Sources, per field:
+- attention kernel: Megatron-Core runs Transformer Engine's DotProductAttention, whose default
+  backend on Hopper is cuDNN's fused flash attention and on Ampere flash-attn 2 (TE 1.x docs,
+  "Attention backends"); torchtitan calls torch SDPA, whose flash backend is FlashAttention-2
+  (PyTorch 2.5 docs, torch.nn.attention.SDPBackend); DeepSpeed's Megatron-DeepSpeed GPT uses
+  flash-attn 2 when asked (--use-flash-attn-v2) and unfused attention otherwise (the graph marks
+  unfused attention by its dropout). `autopar profile` measurements override every family.
+- selective recompute: Megatron --recompute-granularity selective drops the tensors of the listed
+  modules (Korthikanti et al. 2022 §5); torchtitan's selective AC "op" policy
+  (torchtitan/models/llama3/parallelize: _save_list of mm and SDPA, every second mm recomputed)
+  keeps the SDPA outputs, the block input and every second matmul output and recomputes the rest;
+  DeepSpeed's activation checkpointing (Megatron-DeepSpeed) follows Megatron's.
+- loss: Megatron's vocab-parallel cross-entropy works in place on the fp32 logits; torchtitan
+  calls torch.nn.functional.cross_entropy on the fp32-cast logits, which keeps its log-softmax
+  output and allocates an fp32 gradient of the logits at the start of backward.
+- gradients: Megatron keeps an fp32 main-grad buffer (--accumulate-allreduce-grads-in-fp32);
+  DeepSpeed keeps fp16/bf16 gradient partitions; FSDP2 frees sharded gradients at zero_grad
+  (set_to_none), so no gradient is resident at the forward/backward peak of the first microbatch.
+- fp8: Transformer Engine saves the fp8 casts (1 byte) of GEMM inputs for the weight gradient;
+  torchao's float8 linears save the bf16 inputs and re-cast them (torchao float8 README).
+- parameter gathers: DeepSpeed ZeRO-3 gathers per module (each nn.Linear / LayerNorm's
+  parameters when its forward pre-hook fires; Rajbhandari et al. 2020 §5), so a full-recompute
+  backward runs the module hooks again (forward, recompute, backward: three gathers); FSDP2
+  gathers one transformer block at a time (fully_shard per block) with one block of prefetch, and
+  the recompute of an AC-wrapped block runs inside the block's unsharded backward (two gathers).
+  DeepSpeed prefetches at most stage3_prefetch_bucket_size parameters ahead (default 5e7, DeepSpeed
+  config docs, ZeRO section), so a module larger than that is gathered only when it is needed.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+
+@dataclass(frozen=True, slots=True)
+class FrameworkProfile:
+    name: str
+    version: str
+    attention_kernel_by_arch: tuple[tuple[str, str], ...]  # (GPU architecture, kernel family)
+    selective_policy: str  # "modules" (Megatron list) | "op_sac" (torchtitan per-op policy)
+    fused_cross_entropy: bool
+    persistent_gradients: bool
+    fp8_one_byte_saved_inputs: bool
+    gather_unit: str  # "module" | "block": granularity of ZeRO-3/FSDP parameter all-gathers
+    gathers_under_full_recompute: int  # parameter all-gathers per microbatch with full recompute
+    prefetch_depth: int  # chunks gathered ahead of the one computing
+    prefetch_max_params: float | None = None  # a unit larger than this is not prefetched (None = any)
+
+    def attention_kernel(self, arch: str) -> str:
+        return dict(self.attention_kernel_by_arch).get(arch, "fa2")
+
+
+FRAMEWORK_PROFILES: dict[str, FrameworkProfile] = {
+    "megatron": FrameworkProfile(
+        name="megatron", version="Megatron-Core 0.8-0.16 with Transformer Engine 1.x",
+        attention_kernel_by_arch=(("ampere", "fa2"), ("hopper", "cudnn"), ("blackwell", "cudnn")),
+        selective_policy="modules", fused_cross_entropy=True, persistent_gradients=True,
+        fp8_one_byte_saved_inputs=True, gather_unit="block", gathers_under_full_recompute=2, prefetch_depth=1),
+    "deepspeed": FrameworkProfile(
+        name="deepspeed", version="DeepSpeed 0.3-0.19 with Megatron-DeepSpeed models",
+        attention_kernel_by_arch=(("ampere", "fa2"), ("hopper", "fa2"), ("blackwell", "fa2")),
+        selective_policy="modules", fused_cross_entropy=True, persistent_gradients=True,
+        fp8_one_byte_saved_inputs=False, gather_unit="module", gathers_under_full_recompute=3, prefetch_depth=1,
+        prefetch_max_params=5e7),
+    "torchtitan": FrameworkProfile(
+        name="torchtitan", version="torchtitan 0.x (Dec 2024 - 0.3) on PyTorch 2.5+",
+        attention_kernel_by_arch=(("ampere", "fa2"), ("hopper", "fa2"), ("blackwell", "fa2")),
+        selective_policy="op_sac", fused_cross_entropy=False, persistent_gradients=False,
+        fp8_one_byte_saved_inputs=False, gather_unit="block", gathers_under_full_recompute=2, prefetch_depth=1),
+}
+
+
+def framework_profile(name: str) -> FrameworkProfile:
+    return FRAMEWORK_PROFILES[name]
+
+
+def gpu_arch(gpu_name: str) -> str:
+    """ampere (A100), hopper (H100/H800/H200), blackwell (B200), from the profile's GPU name."""
+    upper = gpu_name.upper()
+    if "A100" in upper:
+        return "ampere"
+    if "B200" in upper or "B100" in upper or "GB200" in upper:
+        return "blackwell"
+    return "hopper"

@@ -1,0 +1,94 @@
+"""ZeRO-3 / FSDP parameter traffic of one microbatch: the all-gathers of sharded weights before each
+unit computes and the reduce-scatter of its gradients, and how much of it compute hides.
+
+Units (autopar.cost.frameworks): DeepSpeed ZeRO-3 gathers per module, each nn.Linear and the
+norms of a layer (Rajbhandari et al. 2020, ZeRO §5; its pre-forward hooks), FSDP2 and Megatron-FSDP
+one transformer block at a time (torch.distributed.fsdp.fully_shard per block). Each gather is its
+own collective, so latency ((n − 1) ring steps) and message-size efficiency apply per unit.
+Passes per microbatch: forward gathers; backward gathers again (weights were resharded after
+forward) and reduce-scatters the gradients; with full recompute DeepSpeed's module hooks gather a
+third time for the recompute, while FSDP2 recomputes inside the block's unsharded backward.
+
+Overlap is bounded by the prefetch depth d (FSDP2 and DeepSpeed prefetch the next unit): unit i's
+communication runs while the previous d units compute, so a pass exposes
+comm_0 + Σ_{i≥1} max(0, comm_i − Σ_{j=i−d}^{i−1} compute_j) (the first unit has nothing to hide
+behind). All units of a pass share one communication stream. Ignored: HSDP's replica all-reduce,
+the expert data-parallel group (experts are gathered over the dense group), rate limiting of
+in-flight gathers.
+"""
+
+from __future__ import annotations
+
+from autopar.cost import comm
+from autopar.cost.frameworks import framework_profile
+from autopar.cost.layer import BF16_BYTES, LayerCost
+from autopar.cost.params import CostParams
+from autopar.hardware import Cluster
+from autopar.model.graph import Layer
+from autopar.schema.plan import ParallelPlan
+
+# Bytes per gradient element reduce-scattered: FSDP2 in torchtitan reduces in fp32
+# (MixedPrecisionPolicy reduce_dtype=float32); DeepSpeed in the 16-bit gradient dtype; Megatron-FSDP
+# in fp32 (main grads).
+GRAD_REDUCE_BYTES = {"megatron": 4.0, "deepspeed": 2.0, "torchtitan": 4.0}
+
+
+def gather_units(layer: Layer, plan: ParallelPlan, unit: str) -> list[float]:
+    """Parameters on one GPU (before ZeRO-3 sharding) of each gather unit of `layer`: one per
+    block, or one per module (each weight matrix, and the layer's norms together)."""
+    per_gemm = []
+    for g in layer.gemms:
+        if g.tied:
+            continue
+        if g.is_expert:
+            per_gemm.append(g.params / (plan.ep * plan.expert_tp))
+        elif g.split in ("col", "row", "vocab"):
+            per_gemm.append(g.params / plan.tp)
+        else:
+            per_gemm.append(float(g.params))
+    other = layer.other_params_tp / plan.tp + layer.other_params_replicated
+    units = per_gemm + ([other] if other > 0 else [])
+    if unit == "block":
+        return [sum(units)] if sum(units) > 0 else []
+    return units
+
+
+def exposed_pass_s(comm_s: list[float], compute_s: list[float], prefetch_depth: int,
+                   prefetched: list[bool] | None = None) -> float:
+    """Exposed communication of one pass over units in order: unit i's gather overlaps the compute
+    of the `prefetch_depth` units before it (see the module docstring), unless it is too large to
+    be prefetched (`prefetched[i]` False), when all of it waits."""
+    exposed = 0.0
+    for i, c in enumerate(comm_s):
+        window = sum(compute_s[max(0, i - prefetch_depth):i])
+        can_prefetch = prefetched is None or prefetched[i]
+        exposed += c if i == 0 or not can_prefetch else max(0.0, c - window)
+    return exposed
+
+
+def exposed_per_microbatch_s(layers: list[tuple[Layer, LayerCost, str]], plan: ParallelPlan,
+                             span: comm.GroupSpan, cluster: Cluster, p: CostParams) -> float:
+    """Exposed ZeRO-3/FSDP communication of one microbatch on one pipeline rank (0 below ZeRO 3).
+    `layers`: the rank's layers in execution order with their cost and recompute mode."""
+    if plan.zero < 3 or span.size <= 1:
+        return 0.0
+    fw = framework_profile(plan.framework)
+    grad_bytes = GRAD_REDUCE_BYTES[plan.framework]
+    fwd_comm, fwd_compute, bwd_comm, bwd_compute, ahead = [], [], [], [], []
+    limit = fw.prefetch_max_params
+    for layer, c, mode in layers:
+        units = gather_units(layer, plan, fw.gather_unit)
+        backward_gathers = fw.gathers_under_full_recompute - 1 if mode == "full" else 1
+        share = len(units or [1])  # a layer's compute is shared evenly by its units
+        fwd_s = c.fwd_compute_s / share
+        bwd_s = (c.bwd_compute_s + (c.fwd_compute_s if mode == "full" else 0.0)) / share
+        for u in units:
+            gather = comm.all_gather_s(u * BF16_BYTES, span, cluster, p)
+            fwd_comm.append(gather)
+            fwd_compute.append(fwd_s)
+            bwd_comm.append(backward_gathers * gather + comm.reduce_scatter_s(u * grad_bytes, span, cluster, p))
+            bwd_compute.append(bwd_s)
+            ahead.append(limit is None or u <= limit)
+    d = fw.prefetch_depth
+    return (exposed_pass_s(fwd_comm, fwd_compute, d, ahead)
+            + exposed_pass_s(bwd_comm[::-1], bwd_compute[::-1], d, ahead[::-1]))

@@ -1,0 +1,160 @@
+"""Leave-one-source-out validation (`autopar validate --leave-one-source-out`): for every source of
+measured runs, refit the cost model's efficiencies on every *other* source, and score the withheld
+source with that refit. A held-out split inside the same sources shares every systematic error of
+the fit; a withheld source does not, so this is the honest estimate of the error on a new source.
+
+Refit: the shipped cost models (a100, h100) are the starting point; the efficiencies named in
+autopar.calibrate.LOSO_FREE_FOR_GPU (peak fractions, network efficiency, fp8 gain, and each
+framework's own) are refitted by Nelder-Mead on all splits of the remaining runs of that GPU
+family (vTrain's single-node set thinned to every `single_stride`-th run). A framework whose only
+runs are withheld loses its own efficiencies (they fall back to Megatron's), since its shipped
+values were fitted on the withheld runs. Shape and overhead terms (GEMM half-dim, launch floor)
+keep their shipped values: the refit is of the efficiencies a new source would shift. H800 runs
+use the refitted H100 efficiencies, as the shipped h800 model is derived from h100.
+
+Summary (APE = |predicted − measured| / measured, in percent): `median_ape` and `p90_ape` are
+percentiles over all withheld runs with each source weighted equally (a source's runs share its
+weight, so 1,440 vTrain single-node runs count as much as 5 MoE runs); per source and per regime
+the plain median. `memory`: predicted vs measured peak of every run that measured it. `fit_rate`:
+share of measured runs whose predicted plan fits in memory (every one of them really ran).
+"""
+
+from __future__ import annotations
+
+import json
+import math
+from datetime import date
+from statistics import median
+from typing import Any
+
+from autopar.calibrate import LOSO_FREE_FOR_GPU, builtin_fit_runs, fit, fittable, without_frameworks
+from autopar.cost.params import load_cost_model, params_from_file
+from autopar.validate.dataset import MeasuredRun, load_runs
+from autopar.data import data_dir
+from autopar.validate.bands import BANDS_FILE
+from autopar.validate.regimes import REGIMES
+from autopar.validate.report import run_regimes
+from autopar.validate.runner import Prediction, predict
+
+_FAMILY_OF_CLUSTER = {"vtrain-a100": "a100", "dgx-a100-80gb": "a100", "dgx-a100-40gb": "a100"}
+
+
+def gpu_family(cluster: str) -> str:
+    """a100 for the A100 clusters, h100 (whose fit the H800/H200 models derive from) otherwise."""
+    return _FAMILY_OF_CLUSTER.get(cluster, "h100")
+
+
+def refit_without(source: str, family: str, iters: int, single_stride: int):
+    """The `family` cost model refitted with every run of `source` withheld (CostParams)."""
+    base, _ = load_cost_model(family)
+    runs = builtin_fit_runs(family, split=None, exclude_sources=frozenset({source}), single_stride=single_stride)
+    orphaned = {fw for fw in base.frameworks if not any(r.framework == fw for r in runs)}
+    base = without_frameworks(base, orphaned)
+    free = fittable(LOSO_FREE_FOR_GPU[family], runs)
+    if not runs or not free or iters <= 0:
+        return params_from_file(base)
+    return params_from_file(fit(runs, base, free, rounds=1, iters=iters).file)
+
+
+def leave_one_source_out(iters: int = 40, single_stride: int = 16, sources: set[str] | None = None,
+                         max_runs_per_source: int | None = None) -> dict[str, Any]:
+    """Score every source (or those in `sources`) with a refit that never saw it. `iters`: Nelder-Mead
+    iterations per refit; `max_runs_per_source`: score only the first runs of each source (tests)."""
+    return summarize_loso(loso_predictions(iters, single_stride, sources, max_runs_per_source))
+
+
+def loso_predictions(iters: int = 40, single_stride: int = 16, sources: set[str] | None = None,
+                     max_runs_per_source: int | None = None) -> list[Prediction]:
+    """Every (selected) run predicted by the refit that withheld its source."""
+    all_runs = load_runs(sources)
+    by_source: dict[str, list[MeasuredRun]] = {}
+    for r in all_runs:
+        if sources is None or r.source in sources:
+            by_source.setdefault(r.source, []).append(r)
+    preds: list[Prediction] = []
+    for source, runs in sorted(by_source.items()):
+        runs = runs[:max_runs_per_source] if max_runs_per_source else runs
+        params = {f: refit_without(source, f, iters, single_stride) for f in sorted({gpu_family(r.cluster) for r in runs})}
+        preds += [pr for pr in (predict(r, params[gpu_family(r.cluster)]) for r in runs) if pr is not None]
+    return preds
+
+
+def _weighted_percentile(values: list[float], weights: list[float], q: float) -> float:
+    """The smallest value whose cumulative weight reaches q of the total."""
+    pairs = sorted(zip(values, weights))
+    total, acc = sum(weights), 0.0
+    for v, w in pairs:
+        acc += w
+        if acc >= q * total - 1e-12:
+            return v
+    return pairs[-1][0]
+
+
+def summarize_loso(preds: list[Prediction]) -> dict[str, Any]:
+    """The --json shape: median_ape, p90_ape, sources, regimes, memory, fit_rate (APE in percent)."""
+    if not preds:
+        return {"median_ape": math.nan, "p90_ape": math.nan, "sources": [], "regimes": [],
+                "memory": {"runs": 0, "median_ape": None}, "fit_rate": math.nan}
+    count = {}
+    for pr in preds:
+        count[pr.run.source] = count.get(pr.run.source, 0) + 1
+    apes = [100 * abs(pr.error) for pr in preds]
+    weights = [1.0 / count[pr.run.source] for pr in preds]
+    sources = [{"source": s, "runs": n, "median_ape": median(100 * abs(pr.error) for pr in preds if pr.run.source == s)}
+               for s, n in sorted(count.items())]
+    regimes = []
+    for regime in REGIMES:
+        inside = [100 * abs(pr.error) for pr in preds if regime in run_regimes(pr)]
+        if inside:
+            regimes.append({"regime": regime, "runs": len(inside), "median_ape": median(inside)})
+    mem = [100 * abs(pr.memory_error) for pr in preds if pr.memory_error is not None]
+    return {
+        "median_ape": _weighted_percentile(apes, weights, 0.5),
+        "p90_ape": _weighted_percentile(apes, weights, 0.9),
+        "sources": sources,
+        "regimes": regimes,
+        "memory": {"runs": len(mem), "median_ape": median(mem) if mem else None},
+        "fit_rate": sum(pr.fits for pr in preds) / len(preds),
+    }
+
+
+def residuals_by_regime(preds: list[Prediction]) -> dict[str, list[float]]:
+    """Signed residuals predicted/measured − 1 of each run, under its primary regime."""
+    from autopar.validate.regimes import primary_regime
+
+    out: dict[str, list[float]] = {}
+    for pr in preds:
+        r = pr.run
+        key = primary_regime(bool(r.arch.get("moe")), r.seq_len, pr.plan.zero, pr.plan.precision)
+        out.setdefault(key, []).append(pr.error)
+    return out
+
+
+def _percentile(values: list[float], q: float) -> float:
+    ordered = sorted(values)
+    return ordered[min(len(ordered) - 1, max(0, math.ceil(q * len(ordered)) - 1))]
+
+
+def compute_bands(iters: int = 40) -> tuple[dict, dict]:
+    """Run the leave-one-source-out validation once: (bands file content, its --json summary)."""
+    preds = loso_predictions(iters=iters)
+    by_regime = residuals_by_regime(preds)
+    bands = {regime: {"p10": _percentile(r, 0.1), "p90": _percentile(r, 0.9), "runs": len(r)}
+             for regime, r in sorted(by_regime.items()) if regime in REGIMES}
+    content = {"provenance": {"command": f"python -m autopar.validate.loso --iters {iters}",
+                              "date": date.today().isoformat(),
+                              "method": "10th and 90th percentile of the signed leave-one-source-out residuals "
+                                        "(predicted/measured - 1) of the runs whose primary regime it is"},
+               "bands": bands}
+    return content, summarize_loso(preds)
+
+
+if __name__ == "__main__":
+    import sys
+
+    iters = int(sys.argv[sys.argv.index("--iters") + 1]) if "--iters" in sys.argv else 40
+    content, summary = compute_bands(iters)
+    out = data_dir("cost_models") / "bands" / BANDS_FILE
+    out.write_text(json.dumps(content, indent=2) + "\n", encoding="utf-8")
+    print(json.dumps(summary, indent=2))
+    print(f"wrote {out}")

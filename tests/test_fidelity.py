@@ -1,0 +1,282 @@
+"""Issue 12: the physics fixes, each against a hand-worked value, and the new measured runs."""
+
+import math
+from dataclasses import replace
+
+import pytest
+
+from autopar.cost import comm, fsdp, memory
+from autopar.cost.frameworks import framework_profile, gpu_arch
+from autopar.cost.layer import Split, _compute, moe_permute_s
+from autopar.cost.params import for_framework, load_cost_model
+from autopar.cost.step import _dp_sync_s, moe_load, rank_memory, setup, stage_activation_bytes, assign_layers
+from autopar.hardware import load_cluster
+from autopar.model import load_model
+from autopar.schema.plan import ParallelPlan, Recompute
+from autopar.units import GiB
+from autopar.validate.dataset import load_runs, narayanan21_flops_per_iteration
+
+LLAMA8 = load_model("llama3-8b")
+LAYER = LLAMA8.decoder_layers[0]
+H100 = load_cluster("dgx-h100", 8)
+_, P = load_cost_model("h100")
+
+
+def _split(**kw) -> Split:
+    base = dict(tp=1, sp=False, cp=1, ep=1, etp=1, tokens=8192, seq_len=8192, hidden=4096,
+                peak_flops=989e12, attn_peak_flops=989e12, attention_kernel="cudnn")
+    return Split(**{**base, **kw})
+
+
+def _sat(s):
+    return s / (s + P.attention_half_seq)
+
+
+# 1. Attention runs in bf16 under fp8 GEMMs.
+def test_fp8_speeds_up_gemms_only_not_attention():
+    bf16 = _compute(LAYER, _split(), H100, P)[2]
+    fp8 = _compute(LAYER, _split(peak_flops=989e12 * P.fp8_speedup), H100, P)[2]
+    assert fp8["core_attn"] == pytest.approx(bf16["core_attn"], rel=1e-12)
+    assert fp8["mlp"] < bf16["mlp"]
+
+
+# 2. Attention rates per kernel family, forward and backward separately.
+def test_attention_forward_and_backward_at_the_kernel_family_rates():
+    flops = LAYER.attention_flops_per_token(8192) * 8192  # causal: 2·a·(dqk+dv)·s/2 per token
+    assert flops == 2 * 32 * (128 + 128) * 8192 / 2 * 8192
+    fwd_rate, bwd_rate = P.attention_rate("cudnn")
+    assert (fwd_rate, bwd_rate) == (0.58, 0.47)  # FlashAttention-3 paper figures, cuDNN on H100
+    fwd = flops / (989e12 * 0.58 * _sat(8192)) + P.kernel_overhead_s
+    bwd = 2.5 * (flops / (989e12 * 0.47 * _sat(8192)) + P.kernel_overhead_s)
+    fwd_s, bwd_s, module = _compute(LAYER, _split(), H100, P)
+    assert module["core_attn"] == pytest.approx(fwd, rel=1e-12)
+    no_attn_fwd, no_attn_bwd, _ = _compute(LAYER, _split(), H100, replace(P, attention_rates=(("cudnn", 1e6, 1e6),)))
+    assert fwd_s - no_attn_fwd == pytest.approx(fwd - P.kernel_overhead_s, rel=1e-6)
+    assert bwd_s - no_attn_bwd == pytest.approx(bwd - 2.5 * P.kernel_overhead_s, rel=1e-6)
+
+
+def test_kernel_family_is_a_framework_property_and_profile_overrides_it():
+    assert framework_profile("megatron").attention_kernel(gpu_arch("H100 SXM5 80GB")) == "cudnn"
+    assert framework_profile("torchtitan").attention_kernel(gpu_arch("H100 SXM 96GB HBM2e 500W")) == "fa2"
+    assert framework_profile("megatron").attention_kernel(gpu_arch("A100-SXM4-80GB")) == "fa2"
+    assert P.attention_rate("fa2") == (0.35, 0.31)
+    profiled = replace(P, attention_rates=P.attention_rates + (("profiled", 0.4, 0.3),))
+    assert profiled.attention_rate("cudnn") == (0.4, 0.3) == profiled.attention_rate("fa2")
+    st = setup(LLAMA8, H100, ParallelPlan(global_batch=8, seq_len=8192, framework="torchtitan", zero=3), P)
+    assert st.split.attention_kernel == "fa2" and st.split.attn_peak_flops == 989e12
+
+
+# 3. Ring latency for all-gather / reduce-scatter, tree or ring for all-reduce.
+def test_collective_latency_counts_ring_steps():
+    cluster = load_cluster("dgx-h100", 512)
+    span = comm.group_span(64, 8, 8)  # 64 ranks, one per node
+    assert span.crosses_nodes and span.ranks_per_node == 1
+    tiny = 1.0  # one byte, no message-size penalty: the latency term alone (bandwidth part ~1e-11 s)
+    p = replace(P, half_message_bytes=0.0)
+    alpha, fixed = cluster.inter_node_latency_s, P.collective_overhead_s
+    assert comm.all_gather_s(tiny, span, cluster, p) == pytest.approx(63 * alpha + fixed, rel=1e-6)
+    assert comm.reduce_scatter_s(tiny, span, cluster, p) == pytest.approx(63 * alpha + fixed, rel=1e-6)
+    assert comm.all_reduce_s(tiny, span, cluster, p) == pytest.approx(2 * 6 * alpha + fixed, rel=1e-6)  # tree
+
+
+# 4. ZeRO-3 / FSDP traffic.
+def test_prefetch_bounded_overlap_by_hand():
+    assert fsdp.exposed_pass_s([3.0, 3.0, 3.0], [2.0, 2.0, 2.0], 1) == 3.0 + 1.0 + 1.0
+    assert fsdp.exposed_pass_s([3.0, 3.0, 3.0], [2.0, 2.0, 2.0], 2) == 3.0 + 1.0 + 0.0
+    assert fsdp.exposed_pass_s([3.0, 3.0, 3.0], [2.0, 2.0, 2.0], 1, [True, True, False]) == 3.0 + 1.0 + 3.0
+
+
+def test_gather_units_per_module_for_deepspeed_per_block_for_fsdp2():
+    plan = ParallelPlan(global_batch=8, seq_len=8192, zero=3)
+    modules = fsdp.gather_units(LAYER, plan, "module")
+    assert modules[:4] == [4096 * 6144, 4096 * 4096, 4096 * 28672, 14336 * 4096]  # qkv, out, fc1 (w1+w3), fc2
+    assert modules[4] == 2 * 4096  # the two RMSNorm weights together
+    assert fsdp.gather_units(LAYER, plan, "block") == [sum(modules)]
+    assert framework_profile("deepspeed").gathers_under_full_recompute == 3
+    assert framework_profile("torchtitan").gathers_under_full_recompute == 2
+
+
+def test_zero3_reduce_scatter_is_not_charged_twice():
+    cluster = load_cluster("dgx-h100", 64)
+    plan = ParallelPlan(global_batch=64, seq_len=8192, zero=3, framework="torchtitan")
+    st = setup(LLAMA8, cluster, plan, P)
+    assert _dp_sync_s(8e9, 0.0, st, cluster, P, plan) == 0.0
+    zero1 = ParallelPlan(global_batch=64, seq_len=8192, zero=1)
+    assert _dp_sync_s(8e9, 0.0, setup(LLAMA8, cluster, zero1, P), cluster, P, zero1) > 0.0
+
+
+def test_fsdp_exposed_time_equals_the_per_unit_sum_when_nothing_hides():
+    """With compute made negligible, every unit's gathers and reduce-scatters are exposed: DeepSpeed
+    under full recompute gathers each module three times (forward, recompute, backward)."""
+    cluster = load_cluster("dgx-h100", 64)
+    plan = ParallelPlan(global_batch=64, seq_len=8192, zero=3, framework="deepspeed", recompute=Recompute(mode="full"))
+    st = setup(LLAMA8, cluster, plan, P)
+    layer = LLAMA8.decoder_layers[0]
+    from autopar.cost.layer import LayerCost
+
+    zero_cost = LayerCost(0, 0, 0, 0, 0, 0, 0, 0, ())
+    got = fsdp.exposed_per_microbatch_s([(layer, zero_cost, "full")], plan, st.dp_span, cluster, P)
+    want = sum(3 * comm.all_gather_s(u * 2, st.dp_span, cluster, P) + comm.reduce_scatter_s(u * 2, st.dp_span, cluster, P)
+               for u in fsdp.gather_units(layer, plan, "module"))
+    assert got == pytest.approx(want, rel=1e-12)
+
+
+# 5. Framework-aware memory.
+def test_torchtitan_op_sac_keeps_block_input_sdpa_output_and_half_the_matmul_outputs():
+    got = memory.saved_activation_bytes(LAYER, 1, 8192, 1, False, "selective", ("core_attn",), policy="op_sac")
+    kept = 2 * 4096 + 2 * 4096 + 4 * 32  # block input, SDPA output (bf16), log-sum-exp (fp32)
+    matmul_outputs = 2 * (6144 + 4096 + 28672 + 4096)  # q|k|v, wo, w1|w3, w2 (bf16)
+    assert got == kept + matmul_outputs / 2 == 59520
+
+
+def _rank0(plan, cluster, p=P):
+    st = setup(LLAMA8, cluster, plan, p)
+    chunks = assign_layers(LLAMA8, st.layout)
+    return rank_memory(0, chunks, LLAMA8, plan, st, p)
+
+
+def test_fsdp2_frees_gradients_megatron_keeps_its_main_grad_buffer():
+    cluster = load_cluster("dgx-h100", 8)
+    tt = ParallelPlan(global_batch=8, seq_len=8192, zero=3, framework="torchtitan")  # one microbatch
+    _, breakdown, dense, _ = _rank0(tt, cluster)
+    assert breakdown["gradients"] == 0.0
+    tt_accumulating = tt.model_copy(update={"global_batch": 16})  # two microbatches accumulate
+    assert _rank0(tt_accumulating, cluster)[1]["gradients"] == pytest.approx(dense * 4 / 8)
+    mg = ParallelPlan(global_batch=8, seq_len=8192, zero=1)
+    _, mg_breakdown, mg_dense, _ = _rank0(mg, cluster)
+    assert mg_breakdown["gradients"] == pytest.approx(mg_dense * 4)  # fp32 main grads, not sharded by zero 1
+
+
+def test_unfused_loss_transient_by_hand():
+    assert memory.loss_transient_bytes(16384, 128256, 1, fused=False) == 10 * 16384 * 128256
+    assert memory.loss_transient_bytes(16384, 128256, 1, fused=True) == 0.0
+    head = LLAMA8.layers[-1]
+    tt = ParallelPlan(global_batch=8, seq_len=8192, mbs=2, zero=3, framework="torchtitan", recompute=Recompute(mode="full"))
+    _, work = stage_activation_bytes([head], tt, 16384)
+    assert work == 10 * 16384 * 128256
+    mg = ParallelPlan(global_batch=8, seq_len=8192, mbs=2, recompute=Recompute(mode="full"))
+    assert stage_activation_bytes([head], mg, 16384)[1] == 0.0
+
+
+def test_one_byte_fp8_saved_inputs_are_transformer_engine_only():
+    stage = [LAYER]
+    for framework, halves in (("megatron", True), ("torchtitan", False)):
+        zero = 1 if framework == "megatron" else 3
+        bf16 = ParallelPlan(global_batch=8, seq_len=8192, recompute=Recompute(mode="none"), framework=framework, zero=zero)
+        fp8 = bf16.model_copy(update={"precision": "fp8"})
+        saved_bf16, saved_fp8 = stage_activation_bytes(stage, bf16, 8192)[0], stage_activation_bytes(stage, fp8, 8192)[0]
+        assert (saved_fp8 < saved_bf16) == halves
+    # TE halves attn_norm_output, attn_context, mlp_norm_output, mlp_act_output: (4096·3 + 14336)·2/2 per token
+    mg = ParallelPlan(global_batch=8, seq_len=8192, recompute=Recompute(mode="none"))
+    diff = stage_activation_bytes(stage, mg, 1)[0] - stage_activation_bytes(stage, mg.model_copy(update={"precision": "fp8"}), 1)[0]
+    assert diff == (3 * 4096 + 14336) * 2 / 2
+
+
+def test_peak_is_the_larger_phase_not_a_sum_of_maxima():
+    cluster = load_cluster("dgx-h100", 8)
+    plan = ParallelPlan(global_batch=8, seq_len=8192, zero=3, framework="torchtitan")
+    total, b, dense, _ = _rank0(plan, cluster)
+    states = memory.model_state_bytes(dense, "torchtitan", 3, 8)
+    fwd_bwd = states["weights"] + states["optimizer"] + b["activations"] + b["fsdp_gathered"]
+    optimizer_step = sum(states.values())
+    assert fwd_bwd > optimizer_step
+    assert total == pytest.approx(memory.with_overheads(max(fwd_bwd, optimizer_step), P.cuda_context_bytes,
+                                                        P.comm_buffer_bytes, P.fragmentation))
+
+
+# 6. Per-framework efficiencies.
+def test_framework_overrides_replace_only_that_frameworks_values():
+    p = replace(P, framework_overrides=(("torchtitan", (("gemm_max", 0.5), ("inter_node", 0.4))),))
+    tt = for_framework(p, "torchtitan")
+    assert (tt.gemm_max, tt.inter_node_efficiency, tt.hbm_efficiency) == (0.5, 0.4, P.hbm_efficiency)
+    assert for_framework(p, "megatron").gemm_max == P.gemm_max
+
+
+# 7. MoE inputs derived.
+def test_moe_load_is_a_balls_into_bins_bound_capped_by_capacity():
+    plan = ParallelPlan(global_batch=8, seq_len=4096, ep=8)
+    assert moe_load(plan, 4096, 8) == pytest.approx(1 + math.sqrt(2 * math.log(8) / 4096))  # 1.0322
+    assert moe_load(plan, 4096, 1) == 1.0
+    assert moe_load(plan.model_copy(update={"moe_capacity_factor": 1.01}), 4096, 8) == 1.01
+    assert moe_load(plan.model_copy(update={"moe_load_imbalance": 1.5}), 4096, 8) == 1.5
+
+
+def test_ep_group_sits_on_the_real_ranks_and_permutation_is_priced():
+    # etp 8 fills a node, so an EP group of 2 spans two nodes (Megatron's expert rank order: etp fastest).
+    span = comm.group_span(2, 8, 8)
+    assert span.crosses_nodes and span.ranks_per_node == 1
+    mixtral = load_model("mixtral-8x7b")
+    layer = next(layer for layer in mixtral.layers if layer.num_experts)
+    s = _split(tokens=4096, seq_len=4096, moe_load=1.1, ep=8)
+    routed = 4096 * 2 * 4096 * 2  # tokens · top-2 · h · bf16
+    want = 2 * routed * 2.1 / (H100.hbm_bytes_per_s * P.hbm_efficiency) + 2 * P.kernel_overhead_s
+    assert moe_permute_s(layer, s, H100, P) == pytest.approx(want, rel=1e-12)
+
+
+# The new data.
+def test_second_published_file_is_ingested_with_framework_memory_and_cluster():
+    runs = load_runs({"narayanan21-zero3", "torchtitan-2412", "megascale-moe"})
+    assert len(runs) == 21
+    tt = [r for r in runs if r.source == "torchtitan-2412"]
+    assert all(r.framework == "torchtitan" and r.cluster == "grandteton-h100-96gb" and r.zero_stage == 3 for r in tt)
+    assert [r.measured_memory_gib for r in tt[:3]] == [82.4, 77.0, 76.8]
+    assert sum(r.precision == "fp8" for r in tt) == 6
+    z = next(r for r in runs if r.run_id == "narayanan21_t2_zero3_175b_384gpu")
+    step = narayanan21_flops_per_iteration(1536, 2048, 96, 12288, 51200) / (144e12 * 384)
+    assert z.framework == "deepspeed" and z.measured_tokens_per_s_per_gpu == pytest.approx(1536 * 2048 / step / 384)
+    moe = next(r for r in runs if r.source == "megascale-moe")
+    assert moe.measured_step_time_s == 39.94 and moe.cluster == "hgx-h800"
+
+
+def test_grand_teton_profile_carries_its_sku():
+    c = load_cluster("grandteton-h100-96gb", 8)
+    assert c.peak_flops("bf16") == 886e12  # 835 + (989 - 835)·(500 - 400)/(700 - 400), rounded
+    assert c.hbm_bytes == 96 * GiB and c.hbm_bytes_per_s == 2400e9
+    assert load_cost_model("h100")[0].gpus.count(c.gpu_name) == 1
+
+
+# Deliverables: leave-one-source-out JSON, error bands.
+def test_leave_one_source_out_json_has_exactly_the_contract_keys():
+    import json
+
+    from typer.testing import CliRunner
+
+    from autopar.cli import app
+
+    result = CliRunner().invoke(app, ["validate", "--leave-one-source-out", "--source", "torchtitan-2412",
+                                      "--iters", "2", "--json"])
+    assert result.exit_code == 0, result.output
+    d = json.loads(result.output)
+    assert set(d) == {"median_ape", "p90_ape", "sources", "regimes", "memory", "fit_rate"}
+    assert d["sources"] == [{"source": "torchtitan-2412", "runs": 10, "median_ape": d["sources"][0]["median_ape"]}]
+    assert {r["regime"] for r in d["regimes"]} == {"dense<=8k", "long-context>=32k", "fsdp-zero3", "fp8"}
+    assert all(set(r) == {"regime", "runs", "median_ape"} for r in d["regimes"])
+    assert set(d["memory"]) == {"runs", "median_ape"} and d["memory"]["runs"] == 10
+    assert 0 <= d["median_ape"] <= d["p90_ape"] and d["fit_rate"] == 1.0
+
+
+def test_weighted_percentile_counts_each_source_once():
+    from autopar.validate.loso import _weighted_percentile
+
+    # source A: 4 runs at 1 %, source B: 1 run at 50 %: each source half the weight.
+    values, weights = [1, 1, 1, 1, 50], [0.25] * 4 + [1.0]
+    assert _weighted_percentile(values, weights, 0.5) == 1
+    assert _weighted_percentile(values, weights, 0.9) == 50
+
+
+def test_estimate_json_carries_the_band_of_its_regime():
+    import json
+
+    from typer.testing import CliRunner
+
+    from autopar.cli import app
+    from autopar.validate.bands import error_band
+
+    result = CliRunner().invoke(app, ["estimate", "llama3-8b", "-c", "dgx-h100", "-n", "8", "--global-batch", "8",
+                                      "--seq-len", "8192", "--json"])
+    assert result.exit_code == 0, result.output
+    d = json.loads(result.output)
+    band = error_band("dense<=8k")
+    assert d["tokens_per_s_per_gpu_low"] == pytest.approx(d["tokens_per_s_per_gpu"] * band.low_factor)
+    assert d["tokens_per_s_per_gpu_high"] == pytest.approx(d["tokens_per_s_per_gpu"] * band.high_factor)
+    assert d["tokens_per_s_per_gpu_low"] < d["tokens_per_s_per_gpu_high"]
