@@ -37,7 +37,8 @@ class RecomputeMode(StrEnum):
 
 
 FRAMEWORKS = tuple(Framework)
-FRAMEWORK_ZERO_STAGES = {Framework.MEGATRON: (0, 1), Framework.DEEPSPEED: (0, 1, 2, 3),
+# Megatron: 2/3 are Megatron-FSDP (--data-parallel-sharding-strategy optim_grads / optim_grads_params)
+FRAMEWORK_ZERO_STAGES = {Framework.MEGATRON: (0, 1, 2, 3), Framework.DEEPSPEED: (0, 1, 2, 3),
                          Framework.TORCHTITAN: (0, 2, 3)}
 # ZeRO stage a user gets by naming only the framework: Megatron's distributed optimizer, DeepSpeed's
 # stage 1 (the optimizer-state partitioning Megatron-DeepSpeed uses), torchtitan's FSDP2 full shard.

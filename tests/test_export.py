@@ -64,6 +64,9 @@ ROUND_TRIP = {
                                           moe_dispatcher="allgather", moe_capacity_factor=1.5,
                                           overlap_param_gather=False),
     "qwen3 moe": lambda: plan_file("qwen3-30b-a3b", 32, tp=4, ep=8, etp=1, global_batch=64, seq_len=4096),
+    "megatron-fsdp zero3": lambda: plan_file("llama3-70b", 256, tp=4, pp=2, global_batch=256, seq_len=8192, zero=3),
+    "megatron-fsdp zero2 hsdp": lambda: plan_file("mixtral-8x7b", 64, tp=2, ep=4, global_batch=128, seq_len=4096,
+                                                  zero=2, zero_shard_size=8),
     "gpt3 zero0": lambda: plan_file("gpt3-175b", 1024, tp=8, pp=16, vpp=3, global_batch=1536, seq_len=2048, zero=0,
                                     overlap_param_gather=False),
 }
@@ -345,8 +348,8 @@ def test_export_refuses_plans_megatron_rejects():
                   parallel=ParallelPlan(global_batch=8, seq_len=4096))
     with pytest.raises(ExportError, match="--disable-bias-linear"):
         export(pf, "megatron")
-    with pytest.raises(ExportError, match="zero 3 is not available in megatron"):
-        export(plan_file("llama3-8b", 8, global_batch=8, seq_len=4096, zero=3), "megatron")
+    with pytest.raises(ExportError, match="zero 1 is not available in torchtitan"):
+        export(plan_file("llama3-8b", 8, global_batch=8, seq_len=4096, zero=1), "torchtitan")
 
 
 def test_unknown_format_lists_the_formats():
@@ -387,7 +390,7 @@ def test_deepspeed_batch_keys_are_consistent(name):
 def test_deepspeed_round_trip(name, tmp_path):
     pf = DS_PLANS[name]()
     files = export(pf, "deepspeed")
-    assert set(files) == {"ds_config.json", "launch_deepspeed.sh"}
+    assert set(files) == {"ds_config.json", "launch_deepspeed.sh", "config.json"}  # config.json: the model
     path = tmp_path / "ds_config.json"
     path.write_text(files["ds_config.json"])
     for source in (path, json.loads(files["ds_config.json"])):
@@ -460,7 +463,10 @@ def test_torchtitan_pipeline_args():
     pf = titan("llama3-70b", 512, tp=8, pp=4, vpp=2, global_batch=512, seq_len=8192, zero=3,
                recompute=Recompute(mode="full"))
     args = torchtitan_args(pf)
-    assert args[:4] == ["--module", "llama3", "--config", "llama3_70b"]
+    assert args[:4] == ["--module", "autopar_torchtitan", "--config", "autopar_plan"]
+    module = export(pf, "torchtitan")["autopar_torchtitan.py"]
+    assert "from torchtitan.models.llama3.config_registry import llama3_70b" in module
+    assert "model_registry('70B', converters=converters)" in module
     assert flag(args, "--parallelism.tensor-parallel-degree") == "8"
     assert flag(args, "--parallelism.pipeline-parallel-degree") == "4"
     assert flag(args, "--parallelism.pipeline-parallel-schedule") == "Interleaved1F1B"
@@ -476,7 +482,9 @@ def test_torchtitan_pipeline_args():
     assert parts[0][0] == "tok_embeddings" and parts[-1][-2:] == ["norm", "lm_head"]
     layers = [m for p in parts for m in p if m.startswith("layers.")]
     assert layers == [f"layers.{i}" for i in range(80)]
-    assert [sum(m.startswith("layers.") for m in p) for p in parts] == [10] * 8
+    # torchtitan's own split: 80 + 2 weights over 8 stages = 10 r 2, the first two stages +1,
+    # the first and last give up one each for the embedding and the head
+    assert [sum(m.startswith("layers.") for m in p) for p in parts] == [10, 11, 10, 10, 10, 10, 10, 9]
     assert args[-1] == "activation-checkpoint:full"
 
 
@@ -498,7 +506,7 @@ def test_torchtitan_launch_and_script():
     pf = titan("llama3-8b", 16, tp=2, global_batch=64, seq_len=4096, zero=2, tp_comm_overlap=True,
                recompute=Recompute(mode="none"))
     cmd = torchtitan_launch_command(pf)
-    assert "-m torchtitan.train --module llama3 --config llama3_8b" in cmd
+    assert "-m torchtitan.train --module autopar_torchtitan --config autopar_plan" in cmd
     assert cmd.endswith("activation-checkpoint:none") and '--hf-assets-path "$HF_ASSETS_PATH"' in cmd
     assert "--compile.enable-async-tensor-parallel" in cmd
     script = export(pf, "torchtitan")["launch_torchtitan.sh"]
@@ -506,8 +514,7 @@ def test_torchtitan_launch_and_script():
 
 
 @pytest.mark.parametrize("model,plan,reason", [
-    ("gpt3-175b", dict(tp=8, global_batch=64, seq_len=2048), "no torchtitan 0.3 config_registry entry"),
-    ("llama3.1-405b", dict(tp=8, pp=2, global_batch=64, seq_len=2048), "llama3.1-405b in bf16"),
+    ("gpt3-175b", dict(tp=8, global_batch=64, seq_len=2048), "no torchtitan 0.3 model_registry flavour"),
     ("deepseek-v3", dict(ep=8, etp=1, global_batch=64, seq_len=4096), "MTP"),
     ("llama3-8b", dict(cp=2, global_batch=64, seq_len=4096), "cp_comm_type p2p"),
     ("llama3-8b", dict(cp=2, cp_comm_type="allgather", zero=0, global_batch=64, seq_len=4096), "zero 0 with cp"),
@@ -570,3 +577,55 @@ def test_torchtitan_and_deepspeed_scripts_pass_their_arguments(tmp_path):
     argv = run_script(export(pf, "deepspeed")["launch_deepspeed.sh"], "deepspeed", tmp_path / "ds")
     assert flag(argv, "--num_nodes") == "8" and flag(argv, "--num_gpus") == "8"
     assert argv[-3:] == ["--deepspeed", "--deepspeed_config", "ds_config.json"]
+
+
+# ---- Megatron: router, RoPE and Megatron-FSDP rules --------------------------------------------
+
+MOE = VALID + ["--num-experts", "8", "--moe-router-topk", "2", "--expert-model-parallel-size", "2",
+               "--disable-bias-linear", "--moe-grouped-gemm"]
+
+
+@pytest.mark.parametrize("changes,reason", [
+    ({"moe_router_enable_expert_bias": ""}, "Expert bias for aux-loss-free routing only supports sigmoid"),
+    ({"moe_router_group_topk": "2"}, "moe_router_num_groups must be specified"),
+    ({"moe_router_score_function": "sigmoid", "moe_router_num_groups": "3", "moe_router_group_topk": "2"},
+     "must split into moe_router_num_groups"),
+    ({"moe_router_load_balancing_type": "aux_loss seq_aux_loss"}, "same length"),
+    ({"moe_router_dtype": "bf16"}, "not fp32 or fp64"),
+    ({"rope_type": "yarn"}, "Common attention only support rope_type"),
+    ({"use_megatron_fsdp": "", "data_parallel_sharding_strategy": "optim_grads_params"},
+     "Megatron FSDP only supports fsdp_dtensor checkpoint format"),
+    ({"ckpt_format": "fsdp_dtensor"}, "fsdp_dtensor is only tested with Megatron FSDP"),
+    ({"use_megatron_fsdp": "", "ckpt_format": "fsdp_dtensor", "data_parallel_sharding_strategy": "zero3"},
+     "is not one of no_shard"),
+])
+def test_megatron_router_rope_and_fsdp_rules(changes, reason):
+    args = with_args(MOE, **{k: v for k, v in changes.items() if " " not in v})
+    for k, v in changes.items():
+        if " " in v:
+            args += ["--" + k.replace("_", "-"), *v.split()]
+    assert megatron_violations(MOE, 64) == []
+    assert any(reason in v for v in megatron_violations(args, 64)), megatron_violations(args, 64)
+
+
+def test_megatron_writes_the_models_settings():
+    args = megatron_args(ROUND_TRIP["deepseek-v3 ep32"]())
+    assert flag(args, "--rotary-base") == "10000" and flag(args, "--norm-epsilon") == "1e-06"
+    assert flag(args, "--rope-type") == "yarn" and flag(args, "--rotary-scaling-factor") == "40.0"
+    assert flag(args, "--moe-router-score-function") == "sigmoid" and "--moe-router-enable-expert-bias" in args
+    assert flag(args, "--moe-router-topk-scaling-factor") == "2.5" and flag(args, "--moe-router-dtype") == "fp32"
+    assert flag(args, "--moe-router-load-balancing-type") == "seq_aux_loss"
+    args = megatron_args(ROUND_TRIP["405b default split"]())
+    assert flag(args, "--rotary-base") == "500000" and "--use-rope-scaling" in args
+    args = megatron_args(ROUND_TRIP["mixtral capacity"]())
+    assert flag(args, "--moe-aux-loss-coeff") == "0.02" and flag(args, "--rotary-base") == "1000000"
+
+
+def test_export_to_another_framework_names_the_replan_command():
+    pf = ROUND_TRIP["llama3-70b tp8 pp4 vpp5"]()
+    with pytest.raises(ExportError, match=r"made for megatron; re-plan it for deepspeed with `autopar plan llama3-70b "
+                                          r"--cluster dgx-h100 --gpus 1024 --seq-len \d+ --global-batch 1024 "
+                                          r"--framework deepspeed`"):
+        export(pf, "deepspeed")
+    with pytest.raises(ExportError, match="--framework torchtitan`"):
+        export(pf, "torchtitan")

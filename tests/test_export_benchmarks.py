@@ -11,8 +11,10 @@ import pytest
 from autopar.api import plan_file_for, search_plans
 from autopar.errors import ExportError
 from autopar.export import export, megatron_args
+from autopar.export.common import layer_counts
 from autopar.export.megatron_rules import megatron_violations, parse_megatron_argv
-from test_export_frameworks import deepspeed_config, fake_world, initialize, mcore, transformer_config  # noqa: F401
+from test_export_frameworks import (deepspeed_config, fake_world, initialize, mcore, titan_config,  # noqa: F401
+                                    transformer_config)
 
 CASES = {
     "gpt3-175b 1024 A100": ("gpt3-175b", "dgx-a100-80gb", 1024, 2048, 1536),
@@ -28,6 +30,77 @@ def plan_files(case: str):
     model, cluster, gpus, seq, batch = CASES[case]
     result = search_plans(model, cluster, gpus, seq, batch, top=TOP)
     return [plan_file_for(model, cluster, gpus, plan, est) for plan, est in result.plans]
+
+
+# The benchmark cases DeepSpeed and torchtitan can express, planned with --framework X
+FRAMEWORK_CASES = {
+    "deepspeed llama3-8b 64 H100": ("deepspeed", "llama3-8b", "dgx-h100", 64, 8192, 128),
+    "deepspeed llama3-70b 64 H100": ("deepspeed", "llama3-70b", "dgx-h100", 64, 8192, 128),
+    "torchtitan llama3-8b 512 H100": ("torchtitan", "llama3-8b", "dgx-h100", 512, 8192, 512),
+    "torchtitan llama3-70b 512 H100": ("torchtitan", "llama3-70b", "dgx-h100", 512, 8192, 512),
+    "torchtitan llama3.1-405b 512 H100": ("torchtitan", "llama3.1-405b", "dgx-h100", 512, 8192, 512),
+}
+
+
+@lru_cache(maxsize=None)
+def framework_plan_files(case: str):
+    framework, model, cluster, gpus, seq, batch = FRAMEWORK_CASES[case]
+    result = search_plans(model, cluster, gpus, seq, batch, top=TOP, framework=framework)
+    assert len(result.plans) == TOP
+    return [plan_file_for(model, cluster, gpus, plan, est) for plan, est in result.plans]
+
+
+@pytest.mark.parametrize("case", [c for c in FRAMEWORK_CASES if c.startswith("deepspeed")])
+def test_deepspeed_benchmark_plans_pass_deepspeed(case, deepspeed_config):  # noqa: F811
+    """`plan --framework deepspeed` top-3: DeepSpeedConfig parses each ds_config.json at the plan's
+    world size and data-parallel size and reads back its batch, ZeRO and pipeline settings."""
+    import json
+
+    import torch.distributed as dist
+
+    for pf in framework_plan_files(case):
+        plan, gpus = pf.parallel, pf.target.gpus
+        ds = deepspeed_config(json.loads(export(pf, "deepspeed")["ds_config.json"]), gpus, plan.dp_for(gpus))
+        assert ds.world_size == plan.dp_for(gpus) == gpus // (plan.pp * plan.tp * plan.cp)
+        assert (ds.train_batch_size, ds.train_micro_batch_size_per_gpu, ds.gradient_accumulation_steps) == (
+            plan.global_batch, plan.mbs, plan.num_microbatches(gpus))
+        assert ds.zero_optimization_stage == plan.zero
+        if plan.pp > 1:
+            assert ds.pipeline["stages"] == plan.pp
+        dist.destroy_process_group()
+
+
+@pytest.mark.parametrize("case", [c for c in FRAMEWORK_CASES if c.startswith("torchtitan")])
+def test_torchtitan_benchmark_plans_pass_torchtitan(case, titan_config, fake_world, monkeypatch):  # noqa: F811
+    """`plan --framework torchtitan` top-3: ConfigManager parses each export (the generated config
+    module included), ParallelDims accepts the degrees and builds the device mesh (fake process
+    group, CPU mesh) whose pp/tp/cp/batch axes are the plan's, the model parts are the plan's
+    layer split, and the pipeline schedule is one torch knows by that name."""
+    from torchtitan.distributed import parallel_dims
+    from torchtitan.distributed.parallel_dims import ParallelDims
+
+    monkeypatch.setattr(parallel_dims, "device_type", "cpu")
+    import torch.distributed as dist
+    from torch.distributed.pipelining.schedules import get_schedule_class
+
+    for pf in framework_plan_files(case):
+        plan, gpus = pf.parallel, pf.target.gpus
+        config = titan_config(pf)
+        par = config.parallelism
+        assert len(config.model_spec.model.layers) == pf.target.model_spec.num_layers
+        fake_world(gpus)
+        dims = ParallelDims.from_config(par, world_size=gpus)
+        dims.build_mesh()
+        meshes = {axis: dims.get_optional_mesh(axis) for axis in ("pp", "tp", "cp", "batch")}
+        sizes = {axis: m.size() if m is not None else 1 for axis, m in meshes.items()}
+        assert (sizes["pp"], sizes["tp"], sizes["cp"], sizes["batch"]) == (plan.pp, plan.tp, plan.cp,
+                                                                           plan.dp_for(gpus))
+        assert dims.dp_replicate * dims.dp_shard == plan.dp_for(gpus)
+        if plan.pp > 1:
+            get_schedule_class(par.pipeline_parallel_schedule)
+            parts = [[m for m in p if m.startswith("layers.")] for p in par.module_fqns_per_model_part]
+            assert tuple(len(p) for p in parts) == layer_counts(pf)
+        dist.destroy_process_group()
 
 
 @pytest.mark.parametrize("case", list(CASES))

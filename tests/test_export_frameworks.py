@@ -82,7 +82,8 @@ def transformer_config(a: dict):
         gated_linear_unit=a["swiglu"], activation_func=F.silu if a["swiglu"] else F.gelu,
         recompute_granularity=gran, recompute_method=a["recompute_method"],
         recompute_num_layers=a["recompute_num_layers"], recompute_modules=a["recompute_modules"],
-        tp_comm_overlap=a["tp_comm_overlap"], mtp_num_layers=a["mtp_num_layers"])
+        tp_comm_overlap=a["tp_comm_overlap"], mtp_num_layers=a["mtp_num_layers"],
+        layernorm_epsilon=a["layernorm_epsilon"], window_size=a["window_size"])
     if a["context_parallel_size"] > 1:
         kw["cp_comm_type"] = a["cp_comm_type"][0]
     if a["num_experts"]:
@@ -90,12 +91,30 @@ def transformer_config(a: dict):
                    moe_ffn_hidden_size=a["moe_ffn_hidden_size"], moe_layer_freq=a["moe_layer_freq"],
                    moe_shared_expert_intermediate_size=a["moe_shared_expert_intermediate_size"],
                    moe_grouped_gemm=a["moe_grouped_gemm"], moe_token_dispatcher_type=a["moe_token_dispatcher_type"],
-                   moe_expert_capacity_factor=a["moe_expert_capacity_factor"])
+                   moe_expert_capacity_factor=a["moe_expert_capacity_factor"],
+                   moe_router_score_function=a["moe_router_score_function"],
+                   moe_router_pre_softmax=a["moe_router_pre_softmax"],
+                   moe_router_enable_expert_bias=a["moe_router_enable_expert_bias"],
+                   moe_router_num_groups=a["moe_router_num_groups"], moe_router_group_topk=a["moe_router_group_topk"],
+                   moe_router_topk_scaling_factor=a["moe_router_topk_scaling_factor"],
+                   moe_router_dtype=a["moe_router_dtype"], **_one_or_list(a))
     if a["multi_latent_attention"]:
-        return MLATransformerConfig(**kw, q_lora_rank=a["q_lora_rank"], kv_lora_rank=a["kv_lora_rank"],
-                                    qk_head_dim=a["qk_head_dim"], qk_pos_emb_head_dim=a["qk_pos_emb_head_dim"],
-                                    v_head_dim=a["v_head_dim"])
+        mla = dict(q_lora_rank=a["q_lora_rank"], kv_lora_rank=a["kv_lora_rank"], qk_head_dim=a["qk_head_dim"],
+                   qk_pos_emb_head_dim=a["qk_pos_emb_head_dim"], v_head_dim=a["v_head_dim"],
+                   rotary_base=a["rotary_base"], rotary_percent=a["rotary_percent"],
+                   rotary_scaling_factor=a["rotary_scaling_factor"], mscale=a["mscale"],
+                   mscale_all_dim=a["mscale_all_dim"])
+        if a["rope_type"] is not None:  # as core_transformer_config_from_args: None keeps the class default
+            mla["rope_type"] = a["rope_type"]
+        return MLATransformerConfig(**kw, **mla)
     return TransformerConfig(**kw)
+
+
+def _one_or_list(a: dict) -> dict:
+    """--moe-router-load-balancing-type / --moe-aux-loss-coeff take nargs='+': one value is a scalar."""
+    types, coeffs = a["moe_router_load_balancing_type"], a["moe_aux_loss_coeff"]
+    return dict(moe_router_load_balancing_type=types[0] if len(types) == 1 else types,
+                moe_aux_loss_coeff=coeffs[0] if len(coeffs) == 1 else coeffs)
 
 
 def initialize(a: dict, config, world_size: int) -> None:
@@ -146,6 +165,28 @@ def test_megatron_core_accepts_the_export(name, mcore, fake_world):
         assert get_num_microbatches() == plan.num_microbatches(gpus)
     finally:
         destroy_num_microbatches_calculator()
+
+
+@pytest.mark.parametrize("name", ["megatron-fsdp zero3", "megatron-fsdp zero2 hsdp"])
+def test_megatron_fsdp_export_builds_megatron_cores_ddp_config(name, mcore):
+    """zero 2/3 under Megatron: the flags megatron/training builds DistributedDataParallelConfig
+    from (use_megatron_fsdp, data_parallel_sharding_strategy, the distributed optimizer, overlap,
+    optimizer instances = HSDP) give megatron-core's config the plan's ZeRO stage."""
+    from megatron.core.distributed import DistributedDataParallelConfig
+
+    pf = ROUND_TRIP[name]()
+    a = parse_megatron_argv(megatron_args(pf))
+    ddp = DistributedDataParallelConfig(
+        use_megatron_fsdp=a["use_megatron_fsdp"], data_parallel_sharding_strategy=a["data_parallel_sharding_strategy"],
+        use_distributed_optimizer=a["use_distributed_optimizer"], overlap_grad_reduce=a["overlap_grad_reduce"],
+        overlap_param_gather=a["overlap_param_gather"],
+        num_distributed_optimizer_instances=a["num_distributed_optimizer_instances"])
+    assert ddp.use_megatron_fsdp and ddp.use_distributed_optimizer
+    assert ddp.data_parallel_sharding_strategy == {2: "optim_grads", 3: "optim_grads_params"}[pf.parallel.zero]
+    dp = pf.parallel.dp_for(pf.target.gpus)
+    assert ddp.num_distributed_optimizer_instances == dp // (pf.parallel.zero_shard_size or dp)
+    assert a["ckpt_format"] == "fsdp_dtensor" and not a["gradient_accumulation_fusion"]
+    assert "unset CUDA_DEVICE_MAX_CONNECTIONS" in export(pf, "megatron")["launch_megatron.sh"]
 
 
 @pytest.mark.parametrize("changes,world", [
@@ -247,17 +288,36 @@ TITAN_PLANS = {
 }
 
 
-@pytest.mark.parametrize("name", list(TITAN_PLANS))
-def test_torchtitan_parses_the_export(name):
+@pytest.fixture
+def titan_config(tmp_path, monkeypatch):
+    """torchtitan's ConfigManager on an export: the generated autopar_torchtitan.py on sys.path,
+    then the exported arguments parsed (the config_registry function runs, as at launch)."""
     pytest.importorskip("torchtitan")
     pytest.importorskip("torchtitan.models.llama3.config_registry")  # needs triton importable
+    import sys
+
     from torchtitan.config import ConfigManager
+
+    monkeypatch.syspath_prepend(str(tmp_path))
+
+    def parse(pf):
+        files = export(pf, "torchtitan")
+        (tmp_path / "autopar_torchtitan.py").write_text(files["autopar_torchtitan.py"])
+        sys.modules.pop("autopar_torchtitan", None)
+        return ConfigManager().parse_args(torchtitan_args(pf))
+
+    yield parse
+    sys.modules.pop("autopar_torchtitan", None)
+
+
+@pytest.mark.parametrize("name", list(TITAN_PLANS))
+def test_torchtitan_parses_the_export(name, titan_config):
     from torchtitan.distributed.activation_checkpoint import FullAC, SelectiveAC
     from torchtitan.distributed.parallel_dims import ParallelDims
 
     pf = TITAN_PLANS[name]()
     plan, gpus = pf.parallel, pf.target.gpus
-    config = ConfigManager().parse_args(torchtitan_args(pf))
+    config = titan_config(pf)
     par, train = config.parallelism, config.training
     assert len(config.model_spec.model.layers) == pf.target.model_spec.num_layers
     assert (par.tensor_parallel_degree, par.pipeline_parallel_degree, par.context_parallel_degree,
@@ -272,3 +332,20 @@ def test_torchtitan_parses_the_export(name):
         assert train.local_batch_size == plan.mbs
     expected_ac = {"full": FullAC.Config, "selective": SelectiveAC.Config, "none": type(None)}[plan.recompute.mode]
     assert isinstance(config.activation_checkpoint, expected_ac)
+
+
+@pytest.mark.parametrize("layers,stages", [(80, 8), (126, 8), (126, 64), (32, 4), (61, 16), (48, 6), (7, 3), (4, 8)])
+def test_torchtitan_layer_split_is_torchtitans_own(layers, stages):
+    """cost.layout.torchtitan_layer_counts equals torchtitan's pipeline module generator (or both
+    refuse), so a torchtitan plan is estimated with the split torchtitan makes."""
+    pytest.importorskip("torchtitan")
+    from torchtitan.distributed.pipeline_parallel import _generate_llm_fqn_per_model_part
+
+    from autopar.cost.layout import torchtitan_layer_counts
+
+    try:
+        parts = _generate_llm_fqn_per_model_part(stages, layers, 1, 1)
+    except ValueError:
+        assert torchtitan_layer_counts(layers, stages) is None
+        return
+    assert torchtitan_layer_counts(layers, stages) == tuple(sum(m.startswith("layers.") for m in p) for p in parts)

@@ -20,7 +20,9 @@ UNSAFE = "tp=1,pp=1,mbs=1,recompute=none,zero=1"
 
 @pytest.fixture(scope="module")
 def searched():
-    return search_plans(*CASE, SEQ, GBS, top=5)
+    # The example is about Megatron's distributed optimizer (zero 1); with Megatron-FSDP
+    # (zero 2) the same layout fits, so the search is pinned to zero 1 to keep the unfit one faster.
+    return search_plans(*CASE, SEQ, GBS, top=5, fix="zero=1")
 
 
 def test_default_margin_and_usable_bytes():
@@ -57,5 +59,6 @@ def test_plan_estimate_explain_and_sweep_agree_on_fits(searched):
     unsafe = plan_from_assignments(UNSAFE, 16, GBS, SEQ)
     assert not explain(*CASE, unsafe).estimate.fits
     (point,) = sweep(CASE[0], CASE[1], gpus_list=[16], global_batch=GBS, seq_len=SEQ)
-    assert point.fits and point.estimate.step_time_s == est.step_time_s
+    best = search_plans(*CASE, SEQ, GBS, top=1).plans[0][1]  # the sweep searches every ZeRO stage
+    assert point.fits and point.estimate.step_time_s == best.step_time_s
     assert point.estimate.usable_memory_bytes == est.usable_memory_bytes

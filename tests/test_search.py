@@ -182,7 +182,7 @@ def test_stage_memory_model_matches_the_estimate(seed):
     """The DP/ILP's linear stage memory equals the estimate's rank memory (vpp 1, ZeRO < 3)."""
     graph, cluster, p, seq, gbs = _instance(seed, moe=seed == 3)
     pricer = Pricer(graph, cluster, p)
-    for plan in [x for x in candidates(space_spec_for(graph, cluster, seq, gbs)) if x.vpp == 1][::11]:
+    for plan in [x for x in candidates(space_spec_for(graph, cluster, seq, gbs)) if x.vpp == 1 and x.zero < 3][::11]:
         e = estimate(graph, cluster, plan, p)
         mem = stage_memory_model(graph, cluster, plan, p, 0.0)
         inputs = stage_inputs(pricer.table(plan), mem, plan)

@@ -137,7 +137,7 @@ def _compute(layer: Layer, s: Split, cluster: Cluster, p: CostParams) -> tuple[f
                                                              bwd_rate)
     ew_bytes_sp = layer.elementwise_bytes_per_token_sp * s.tokens / (s.tp if s.sp else 1)
     ew_bytes_tp = layer.elementwise_bytes_per_token_tp * s.tokens / s.tp
-    scores_bytes = layer.elementwise_bytes_per_token_per_seq_tp * s.seq_len * s.tokens / s.tp / 2  # causal half
+    scores_bytes = layer.elementwise_bytes_per_token_per_seq_tp * layer.attended_keys(s.seq_len) * s.tokens / s.tp
     scores_s = memory_bound_time_s(scores_bytes, cluster.hbm_bytes_per_s, p)
     ew_fwd = memory_bound_time_s(ew_bytes_sp + ew_bytes_tp, cluster.hbm_bytes_per_s, p)
     module_s["layernorm"] = ew_fwd * _NORM_SHARE_OF_SP_BYTES * ew_bytes_sp / max(ew_bytes_sp + ew_bytes_tp, 1.0)

@@ -44,6 +44,26 @@ def stage_layer_counts(num_layers: int, stages: int) -> tuple[int, ...]:
     return tuple(counts)
 
 
+def torchtitan_layer_counts(num_layers: int, stages: int, first_less: int = 1, last_less: int = 1
+                            ) -> tuple[int, ...] | None:
+    """Decoder layers per stage under torchtitan 0.3's own split (distributed/pipeline_parallel.py,
+    _generate_llm_fqn_per_model_part, with its defaults pipeline_parallel_first/last_stage_less_layers
+    = 1): the embedding counts as `first_less` layers and norm + head as `last_less`; the
+    num_layers + both weights are dealt out evenly, the remainder to the earliest stages, and the
+    first and last stages give up their weights' worth of decoders. None where torchtitan refuses
+    (a stage lighter than a weight, or empty)."""
+    if stages == 1:
+        return (num_layers,)
+    effective = num_layers + first_less + last_less
+    per, extra = divmod(effective, stages)
+    if per == 0 or first_less > per or last_less > per:
+        return None
+    counts = [per + (1 if i < extra else 0) for i in range(stages)]
+    counts[0] -= first_less
+    counts[-1] -= last_less
+    return tuple(counts) if sum(counts) == num_layers and min(counts) >= 0 else None
+
+
 @dataclass(frozen=True)
 class Layout:
     """Degrees of one plan on `num_gpus` GPUs, and every size, shard, span and count derived from
@@ -64,6 +84,7 @@ class Layout:
     zero: int
     layers_per_stage: tuple[int, ...] | None  # the plan's own split, if any
     tied_embedding_copy: bool  # the last pipeline rank also holds the word embedding (Megatron, tied, pp > 1)
+    framework: str = Framework.MEGATRON  # whose default layer split applies (default_stage_counts)
 
     @classmethod
     def of(cls, plan: ParallelPlan, cluster: Cluster, graph: ModelGraph) -> "Layout":
@@ -80,7 +101,8 @@ class Layout:
                    cp=plan.cp, ep=plan.ep, etp=plan.expert_tp, vpp=plan.vpp, dp=dp,
                    num_microbatches=plan.num_microbatches(num_gpus), dp_shard=plan.zero_shard_size or dp,
                    zero=plan.zero, layers_per_stage=plan.layers_per_stage,
-                   tied_embedding_copy=tie_embeddings and plan.pp > 1 and plan.framework == Framework.MEGATRON)
+                   tied_embedding_copy=tie_embeddings and plan.pp > 1 and plan.framework == Framework.MEGATRON,
+                   framework=plan.framework)
 
     @cached_property
     def edp(self) -> int:
@@ -148,7 +170,13 @@ class Layout:
 
     @property
     def default_stage_counts(self) -> tuple[int, ...]:
-        """autopar's default split of the decoders over pp·vpp virtual stages (stage_layer_counts)."""
+        """The split of the decoders over pp·vpp virtual stages when the plan names none: the one
+        torchtitan makes by itself (torchtitan_layer_counts) for torchtitan, else autopar's
+        (stage_layer_counts; also where torchtitan's rule has no split)."""
+        if self.framework == Framework.TORCHTITAN:
+            counts = torchtitan_layer_counts(self.num_layers, self.pp * self.vpp)
+            if counts is not None:
+                return counts
         return stage_layer_counts(self.num_layers, self.pp * self.vpp)
 
     @property

@@ -76,12 +76,13 @@ def saved_activation_bytes(layer: Layer, tokens: float, seq_len: int, tp: int, s
     if recompute == "selective" and policy == "op_sac" and layer.kind in ("dense", "moe"):
         return op_sac_saved_bytes(layer, tokens, tp, sp)
     total = 0.0
+    keys = layer.scored_keys(seq_len)
     for act in layer.activations:
         if recompute == "full" and act.module != "layer_input":
             continue
         if recompute == "selective" and act.module in modules:
             continue
-        per_token = act.bytes_per_token + act.bytes_per_token_per_seq * seq_len
+        per_token = act.bytes_per_token + act.bytes_per_token_per_seq * keys
         if fp8 and act.name in FP8_SAVED_GEMM_INPUTS:
             per_token /= 2
         total += per_token * tokens / activation_divisor(act.split, tp, sp)

@@ -13,10 +13,12 @@ from typing import Callable
 
 from autopar.errors import ExportError
 from autopar.export.deepspeed import deepspeed_launch_command, export_deepspeed, launch_script
+from autopar.export.hf_model import hf_config_from_spec
 from autopar.export.importers import plan_from_deepspeed_config, plan_from_megatron_args
 from autopar.export.megatron import export_megatron, megatron_args
 from autopar.export.megatron_rules import megatron_violations
-from autopar.export.torchtitan import export_torchtitan, torchtitan_args, torchtitan_launch_command
+from autopar.export.torchtitan import (CONFIG_MODULE, config_module, export_torchtitan, torchtitan_args,
+                                       torchtitan_launch_command)
 from autopar.schema.plan import Framework
 from autopar.schema.plan_file import PlanFile
 
@@ -30,13 +32,23 @@ def _megatron(pf: PlanFile) -> dict[str, str]:
 
 
 def _deepspeed(pf: PlanFile) -> dict[str, str]:
+    """ds_config.json, the launcher, and the model as a Hugging Face config.json (DeepSpeed's config
+    has no model section; the training script builds the model from this file)."""
     config = export_deepspeed(pf)
-    return {"ds_config.json": json.dumps(config, indent=2, sort_keys=True) + "\n",
-            "launch_deepspeed.sh": launch_script(pf, config)}
+    try:
+        model = hf_config_from_spec(pf.target.model_spec)
+    except ExportError:
+        model = None
+    files = {"ds_config.json": json.dumps(config, indent=2, sort_keys=True) + "\n",
+             "launch_deepspeed.sh": launch_script(pf, config, has_model_config=model is not None)}
+    if model is not None:
+        files["config.json"] = json.dumps(model, indent=2) + "\n"
+    return files
 
 
 def _torchtitan(pf: PlanFile) -> dict[str, str]:
-    return {"launch_torchtitan.sh": export_torchtitan(pf)}
+    script = export_torchtitan(pf)
+    return {"launch_torchtitan.sh": script, f"{CONFIG_MODULE}.py": config_module(pf)}
 
 
 _EXPORTERS: dict[Framework, Callable[[PlanFile], dict[str, str]]] = {
@@ -46,20 +58,37 @@ EXPORT_FORMATS: tuple[str, ...] = tuple(_EXPORTERS)
 
 
 def export(pf: PlanFile, fmt: str) -> dict[str, str]:
-    """{output file name: contents} for `fmt` (one of EXPORT_FORMATS)."""
+    """{output file name: contents} for `fmt` (one of EXPORT_FORMATS). A plan made for another
+    framework that `fmt` refuses names the command that re-plans it for `fmt`."""
     exporter = _EXPORTERS.get(fmt.lower())
     if exporter is None:
         raise ExportError(f"unknown export format {fmt!r}; choose one of {', '.join(EXPORT_FORMATS)}")
-    return exporter(pf)
+    try:
+        return exporter(pf)
+    except ExportError as exc:
+        if pf.parallel.framework == fmt.lower():
+            raise
+        raise ExportError(f"{exc}. This plan was made for {pf.parallel.framework}; re-plan it for {fmt.lower()} "
+                          f"with `{replan_command(pf, fmt.lower())}`") from None
+
+
+def replan_command(pf: PlanFile, framework: str) -> str:
+    """The `autopar plan` command that searches the plan's model, cluster, GPUs, sequence length and
+    global batch again with `framework`'s limits."""
+    import shlex
+
+    t, p = pf.target, pf.parallel
+    return (f"autopar plan {shlex.quote(t.model)} --cluster {shlex.quote(t.cluster)} --gpus {t.gpus} "
+            f"--seq-len {p.seq_len} --global-batch {p.global_batch} --framework {framework}")
 
 
 def framework_refusals(spec, gpus: int, plan) -> list[str]:
     """Why `plan.framework` cannot express `plan` for model `spec` on `gpus` GPUs (empty = it can):
-    the exporters' own refusal rules, which the search applies as a filter so that it never emits
-    a plan the target framework refuses. Megatron's rules are the plan validator's (tested by
-    exporting sampled search spaces)."""
+    the one refusal function that the DeepSpeed and torchtitan exporters refuse with and the search
+    filters by (search.space.plan_problems), so `plan --framework X` never emits a plan `export`
+    refuses. Megatron's rules are the plan validator's (tested by exporting sampled search spaces)."""
     from autopar.export.deepspeed import deepspeed_refusals
-    from autopar.export.torchtitan import _config_for, torchtitan_refusals
+    from autopar.export.torchtitan import torchtitan_refusals
     from autopar.schema.plan_file import PlanTarget
 
     if plan.framework == Framework.MEGATRON:
@@ -68,8 +97,4 @@ def framework_refusals(spec, gpus: int, plan) -> list[str]:
                   parallel=plan)
     if plan.framework == Framework.DEEPSPEED:
         return deepspeed_refusals(pf, plan)
-    try:
-        _config_for(pf, plan)
-    except ExportError as exc:
-        return [str(exc)]
     return torchtitan_refusals(pf, plan)

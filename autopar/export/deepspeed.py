@@ -1,6 +1,8 @@
 """DeepSpeed export: a ds_config.json and a `deepspeed` launcher line.
 
 Supported subset (the DeepSpeed engine itself, not Megatron-DeepSpeed):
+- the model as a Hugging Face config.json beside ds_config.json (export/hf_model.py): DeepSpeed's
+  config has no model section, the training script builds the model from that file;
 - data parallelism with ZeRO 0-3 (zero_optimization.stage), bf16;
 - pipeline parallelism through PipelineModule (config "pipeline": {"stages": pp}), only with
   ZeRO 0/1, vpp 1 and an even split of the decoder layers (PipelineModule partitions evenly);
@@ -109,9 +111,14 @@ def deepspeed_launch_command(pf: PlanFile, config_path: str = "ds_config.json") 
             f'"${{TRAIN_SCRIPT:-train.py}}" --deepspeed --deepspeed_config {shlex.quote(config_path)}')
 
 
-def launch_script(pf: PlanFile, config: dict[str, Any], config_path: str = "ds_config.json") -> str:
+def launch_script(pf: PlanFile, config: dict[str, Any], config_path: str = "ds_config.json",
+                  has_model_config: bool = False) -> str:
     plan, spec = pf.parallel, pf.target.model_spec
-    model_code = [f"# The training script builds the model and calls deepspeed.initialize(config={config_path!r}).",
+    where = ("from the config.json beside this script (AutoModelForCausalLM.from_config(AutoConfig.from_pretrained"
+             "(MODEL_DIR)): RoPE, norm epsilon, window and router as the model's config has them)"
+             if has_model_config else "(no Hugging Face model_type describes this model: build it yourself)")
+    model_code = [f"# The training script builds the model {where}",
+                  f"# and calls deepspeed.initialize(config={config_path!r}).",
                   f"# Sequence length {plan.seq_len} tokens (DeepSpeed's config does not carry it): SEQ_LEN below."]
     if plan.pp > 1:
         model_code.append(f"# pp {plan.pp}: wrap the {spec.num_layers} decoder layers in "

@@ -163,7 +163,7 @@ def plan_from_megatron_args(args: str | Path | list[str], num_gpus: int | None =
         "tp": a["tensor_model_parallel_size"], "pp": a["pipeline_model_parallel_size"],
         "cp": a["context_parallel_size"], "ep": a["expert_model_parallel_size"],
         "mbs": a["micro_batch_size"] or 1, "seq_len": a["seq_length"], "framework": "megatron",
-        "zero": 1 if a["use_distributed_optimizer"] else 0, "precision": "fp8" if a["fp8"] else "bf16",
+        "zero": _megatron_zero(a), "precision": "fp8" if a["fp8"] else "bf16",
         "overlap_grad_reduce": a["overlap_grad_reduce"], "overlap_param_gather": a["overlap_param_gather"],
         "tp_comm_overlap": a["tp_comm_overlap"], "recompute": _megatron_recompute(a),
     }
@@ -182,7 +182,7 @@ def plan_from_megatron_args(args: str | Path | list[str], num_gpus: int | None =
 
 
 def _refuse_unmodelled(a: Mapping[str, Any]) -> None:
-    unmodelled = {"use_torch_fsdp2": "--use-torch-fsdp2", "use_megatron_fsdp": "--use-megatron-fsdp",
+    unmodelled = {"use_torch_fsdp2": "--use-torch-fsdp2",
                   "squared_relu": "--squared-relu", "quick_geglu": "--quick-geglu", "fp16": "--fp16",
                   "use_legacy_models": "--use-legacy-models",
                   "account_for_embedding_in_pipeline_split": "--account-for-embedding-in-pipeline-split",
@@ -190,8 +190,18 @@ def _refuse_unmodelled(a: Mapping[str, Any]) -> None:
     found = [flag for dest, flag in unmodelled.items() if a[dest]]
     if a["position_embedding_type"] not in ("rope", "learned_absolute") and not a["use_rotary_position_embeddings"]:
         found.append(f"--position-embedding-type {a['position_embedding_type']}")
+    if a["use_megatron_fsdp"] and a["data_parallel_sharding_strategy"] not in ("optim_grads", "optim_grads_params"):
+        found.append(f"--use-megatron-fsdp with --data-parallel-sharding-strategy "
+                     f"{a['data_parallel_sharding_strategy']}")
     if found:
         raise InputFileError(f"autopar does not model {', '.join(found)}; remove it to import the rest")
+
+
+def _megatron_zero(a: Mapping[str, Any]) -> int:
+    """Megatron-FSDP's sharding strategy as a ZeRO stage, else 1/0 with/without the distributed optimizer."""
+    if a["use_megatron_fsdp"]:
+        return {"optim_grads": 2, "optim_grads_params": 3}[a["data_parallel_sharding_strategy"]]
+    return 1 if a["use_distributed_optimizer"] else 0
 
 
 def _megatron_comm_types(a: Mapping[str, Any]) -> dict[str, Any]:
@@ -301,7 +311,18 @@ def megatron_model_fields(a: Mapping[str, Any]) -> dict[str, Any]:
         "mlp_bias": a["add_bias_linear"], "qk_norm": a["qk_layernorm"],
         "dropout": a["attention_dropout"] > 0 or a["hidden_dropout"] > 0,
         "max_position_embeddings": a["max_position_embeddings"], "mtp_layers": a["mtp_num_layers"] or 0,
+        "norm_epsilon": a["layernorm_epsilon"], "rope_theta": float(a["rotary_base"]),
+        "rotary_percent": a["rotary_percent"],
+        "sliding_window": a["window_size"][0] + 1 if a["window_size"] else None,
     }
+    if a["use_rope_scaling"]:
+        fields["rope_scaling"] = {"type": "llama3", "factor": a["rope_scaling_factor"],
+                                  "original_max_position_embeddings": 8192, "low_freq_factor": 1.0,
+                                  "high_freq_factor": 4.0}
+    elif a["multi_latent_attention"] and a["rope_type"] in (None, "yarn"):  # MLA's default rope_type is yarn
+        fields["rope_scaling"] = {"type": "yarn", "factor": a["rotary_scaling_factor"],
+                                  "original_max_position_embeddings": 4096, "beta_fast": 32.0, "beta_slow": 1.0,
+                                  "mscale": a["mscale"], "mscale_all_dim": a["mscale_all_dim"]}
     hidden = a["hidden_size"]
     if a["ffn_hidden_size"] is not None:
         fields["ffn_hidden_size"] = a["ffn_hidden_size"]
@@ -321,6 +342,7 @@ def megatron_model_fields(a: Mapping[str, Any]) -> dict[str, Any]:
 def _moe_fields(a: Mapping[str, Any]) -> dict[str, Any]:
     moe: dict[str, Any] = {"num_experts": a["num_experts"], "top_k": a["moe_router_topk"],
                            "expert_ffn_hidden_size": a["moe_ffn_hidden_size"] or a["ffn_hidden_size"]}
+    moe |= _router_fields(a)
     shared = a["moe_shared_expert_intermediate_size"]
     if shared:
         moe |= {"num_shared_experts": 1, "shared_expert_ffn_hidden_size": shared,
@@ -335,6 +357,21 @@ def _moe_fields(a: Mapping[str, Any]) -> dict[str, Any]:
             return moe | {"first_k_dense": k, "layer_freq": f}
     raise InputFileError(f"--moe-layer-freq pattern {freq} is not 'k dense layers, then every f-th layer MoE'; "
                          "autopar cannot model it")
+
+
+def _router_fields(a: Mapping[str, Any]) -> dict[str, Any]:
+    """MoESpec router fields from Megatron's router flags (the inverse of megatron.router_args)."""
+    softmax = a["moe_router_score_function"] == "softmax"
+    types, coeffs = a["moe_router_load_balancing_type"], a["moe_aux_loss_coeff"]
+    kind = types[0] if types else "aux_loss"
+    coeff = coeffs[0] if isinstance(coeffs, list) and coeffs else float(coeffs or 0.0)
+    return {"score_function": a["moe_router_score_function"],
+            "norm_topk_prob": not (softmax and a["moe_router_pre_softmax"]) or a["moe_router_topk"] == 1,
+            "expert_bias": a["moe_router_enable_expert_bias"], "num_groups": a["moe_router_num_groups"],
+            "group_topk": a["moe_router_group_topk"],
+            "routed_scaling_factor": a["moe_router_topk_scaling_factor"] or 1.0,
+            "aux_loss_coeff": coeff if kind in ("aux_loss", "seq_aux_loss", "global_aux_loss") else 0.0,
+            "aux_loss_per_sequence": kind == "seq_aux_loss", "router_fp32": a["moe_router_dtype"] is not None}
 
 
 # ---- DeepSpeed ---------------------------------------------------------------------------------

@@ -3,7 +3,7 @@
 Flag names and semantics follow Megatron-LM's megatron/training/arguments.py and megatron-core
 0.16 (pipeline_parallel_layer_layout.py for the layout grammar). Mapping decisions:
 - zero 0/1 = without/with --use-distributed-optimizer; zero_shard_size k = dp/k optimizer
-  instances (--num-distributed-optimizer-instances).
+  instances (--num-distributed-optimizer-instances; HSDP under Megatron-FSDP).
 - Stages: an even split is --num-virtual-stages-per-pipeline-rank (vpp > 1) or nothing; any other
   split (the plan's layers_per_stage, or autopar's default that takes a remainder off the first
   and last stages) is a --pipeline-model-parallel-layout with E first, L (and MTP) last.
@@ -11,6 +11,17 @@ Flag names and semantics follow Megatron-LM's megatron/training/arguments.py and
   layers per virtual stage = block method, K; full of every layer = uniform method, 1 layer per
   chunk (each layer's input kept; the same memory as block with K = all, and it round-trips).
 - fp8 = --bf16 --fp8-format hybrid with delayed scaling (amax history 1024, max).
+- zero 2/3 = Megatron-FSDP (--use-megatron-fsdp --data-parallel-sharding-strategy optim_grads /
+  optim_grads_params, with the flags its user guide requires: --use-distributed-optimizer,
+  --no-gradient-accumulation-fusion, --ckpt-format fsdp_dtensor, CUDA_DEVICE_MAX_CONNECTIONS unset).
+- The model as the HF config describes it: --rotary-base, --rotary-percent, llama3 scaling
+  (--use-rope-scaling --rope-scaling-factor; Megatron fixes low/high frequency factors 1/4 and
+  original context 8192), YaRN only in MLA (--rope-type yarn --rotary-scaling-factor --mscale
+  --mscale-all-dim; original context 4096 and betas 32/1 are MLATransformerConfig's fixed
+  defaults), --norm-epsilon, --window-size "(w-1,0)" (HF's sliding_window counts the query's own
+  token; Transformer Engine's left window does not), and the router: score function, expert
+  bias, group-limited top-k, top-k scaling factor, fp32 router, balance loss type and coefficient.
+  Whatever Megatron cannot express is refused with the reason.
 The arguments are checked with megatron_rules before a script is written.
 """
 
@@ -38,8 +49,12 @@ def _model_args(spec: ModelSpec, plan: ParallelPlan) -> list[str]:
         args += ["--group-query-attention", "--num-query-groups", str(spec.kv_heads)]
     if spec.activation == "swiglu":
         args.append("--swiglu")
-    args += ["--normalization", "RMSNorm" if spec.normalization == "rmsnorm" else "LayerNorm"]
+    args += ["--normalization", "RMSNorm" if spec.normalization == "rmsnorm" else "LayerNorm",
+             "--norm-epsilon", repr(spec.norm_epsilon)]
     args += ["--position-embedding-type", "rope" if spec.position_embedding == "rope" else "learned_absolute"]
+    args += rope_args(spec)
+    if spec.sliding_window is not None:
+        args += ["--window-size", f"({spec.sliding_window - 1},0)"]
     if not spec.tie_embeddings:
         args.append("--untie-embeddings-and-output-weights")
     args += _bias_args(spec)
@@ -52,6 +67,36 @@ def _model_args(spec: ModelSpec, plan: ParallelPlan) -> list[str]:
     if spec.mtp_layers:
         args += ["--mtp-num-layers", str(spec.mtp_layers)]
     return args
+
+
+def rope_args(spec: ModelSpec) -> list[str]:
+    """RoPE base, rotary share and long-context scaling in Megatron's flags, or ExportError."""
+    if spec.position_embedding != "rope":
+        return []
+    if spec.rope_theta != int(spec.rope_theta):
+        refuse("megatron", [f"rope_theta {spec.rope_theta}: Megatron's --rotary-base takes an integer"])
+    args = ["--rotary-base", str(int(spec.rope_theta))]
+    if spec.rotary_percent != 1.0:
+        args += ["--rotary-percent", repr(spec.rotary_percent)]
+    sc = spec.rope_scaling
+    if sc is None:
+        return args + (["--rope-type", "rope"] if spec.mla else [])  # MLA defaults to yarn
+    if sc.type == "llama3":
+        fixed = (sc.low_freq_factor, sc.high_freq_factor, sc.original_max_position_embeddings)
+        if spec.mla or fixed != (1.0, 4.0, 8192):
+            refuse("megatron", [f"llama3 RoPE scaling with low/high frequency factors {sc.low_freq_factor}/"
+                                f"{sc.high_freq_factor} and original context {sc.original_max_position_embeddings}"
+                                f"{' in MLA' if spec.mla else ''}: Megatron applies it with 1/4 and 8192 only"])
+        return args + ["--use-rope-scaling", "--rope-scaling-factor", repr(sc.factor)]
+    if not spec.mla:
+        refuse("megatron", ["YaRN RoPE scaling outside multi-latent attention: megatron-core 0.16 applies YaRN "
+                            "only in MLA (--rope-type yarn); drop rope_scaling or export to torchtitan"])
+    if (sc.original_max_position_embeddings, sc.beta_fast, sc.beta_slow) != (4096, 32.0, 1.0):
+        refuse("megatron", [f"YaRN with original context {sc.original_max_position_embeddings} and betas "
+                            f"{sc.beta_fast}/{sc.beta_slow}: Megatron-LM has no flags for them (MLATransformerConfig "
+                            "fixes 4096 and 32/1)"])
+    return args + ["--rope-type", "yarn", "--rotary-scaling-factor", repr(sc.factor), "--mscale", repr(sc.mscale),
+                   "--mscale-all-dim", repr(sc.mscale_all_dim)]
 
 
 def _bias_args(spec: ModelSpec) -> list[str]:
@@ -98,11 +143,36 @@ def _moe_args(spec: ModelSpec, plan: ParallelPlan) -> list[str]:
         if moe.shared_expert_gate:
             args.append("--moe-shared-expert-gate")
     args += ["--moe-layer-freq", moe_layer_freq(moe, spec.num_layers)]
-    if moe.top_k == 1:
-        args.append("--moe-router-pre-softmax")  # Megatron: softmax over one expert has no gradient
+    args += router_args(moe)
     args += ["--moe-grouped-gemm", "--moe-token-dispatcher-type", plan.moe_dispatcher]
     if plan.moe_capacity_factor is not None:
         args += ["--moe-expert-capacity-factor", repr(plan.moe_capacity_factor)]
+    return args
+
+
+def router_args(moe: MoESpec) -> list[str]:
+    """The router as the HF config has it (megatron-core moe_utils.topk_routing_with_score_function):
+    softmax after top-k renormalises (HF norm_topk_prob), before it (--moe-router-pre-softmax)
+    does not; sigmoid always renormalises for top-k > 1."""
+    args = ["--moe-router-score-function", moe.score_function]
+    if moe.score_function == "softmax" and (not moe.norm_topk_prob or moe.top_k == 1):
+        args.append("--moe-router-pre-softmax")  # also Megatron's rule: softmax over one expert has no gradient
+    if moe.score_function == "sigmoid" and not moe.norm_topk_prob and moe.top_k > 1:
+        refuse("megatron", ["sigmoid router without top-k renormalisation: megatron-core always renormalises "
+                            "sigmoid top-k scores"])
+    if moe.expert_bias:
+        args.append("--moe-router-enable-expert-bias")
+    if moe.num_groups is not None:
+        args += ["--moe-router-num-groups", str(moe.num_groups), "--moe-router-group-topk", str(moe.group_topk)]
+    if moe.routed_scaling_factor != 1.0:
+        args += ["--moe-router-topk-scaling-factor", repr(moe.routed_scaling_factor)]
+    if moe.router_fp32:
+        args += ["--moe-router-dtype", "fp32"]
+    if moe.aux_loss_coeff > 0:
+        args += ["--moe-router-load-balancing-type", "seq_aux_loss" if moe.aux_loss_per_sequence else "aux_loss",
+                 "--moe-aux-loss-coeff", repr(moe.aux_loss_coeff)]
+    else:
+        args += ["--moe-router-load-balancing-type", "none"]
     return args
 
 
@@ -142,14 +212,30 @@ def _parallel_args(pf: PlanFile, plan: ParallelPlan) -> list[str]:
         args += ["--pipeline-model-parallel-layout", pipeline_layout(counts, spec.mtp_layers)]
     elif plan.vpp > 1:
         args += ["--num-virtual-stages-per-pipeline-rank", str(plan.vpp)]
-    if plan.zero == 1:
-        args.append("--use-distributed-optimizer")
+    args += zero_args(plan)
     layout = plan_layout(pf, plan)
     if layout.dp_replicate > 1:
-        if plan.zero != 1:
-            refuse("megatron", ["zero_shard_size needs the distributed optimizer (zero 1); set zero 1 or drop it"])
+        if plan.zero == 0:
+            refuse("megatron", ["zero_shard_size needs the distributed optimizer or Megatron-FSDP (zero >= 1); "
+                                "set zero 1 or drop it"])
         args += ["--num-distributed-optimizer-instances", str(layout.dp_replicate)]
     return args
+
+
+# ZeRO stage -> Megatron-FSDP's --data-parallel-sharding-strategy (parallelism guide: optim_grads is
+# ZeRO-2, optim_grads_params ZeRO-3)
+FSDP_SHARDING = {2: "optim_grads", 3: "optim_grads_params"}
+
+
+def zero_args(plan: ParallelPlan) -> list[str]:
+    """zero 1: the distributed optimizer; zero 2/3: Megatron-FSDP with the flags its user guide
+    requires (docs/discussions/megatron-fsdp-user-guide, Megatron-LM core 0.16)."""
+    if plan.zero == 1:
+        return ["--use-distributed-optimizer"]
+    if plan.zero >= 2:
+        return ["--use-megatron-fsdp", "--data-parallel-sharding-strategy", FSDP_SHARDING[plan.zero],
+                "--use-distributed-optimizer", "--no-gradient-accumulation-fusion", "--ckpt-format", "fsdp_dtensor"]
+    return []
 
 
 def _recompute_args(plan: ParallelPlan) -> list[str]:
@@ -219,7 +305,11 @@ def export_megatron(pf: PlanFile) -> str:
     notes = megatron_notes([a for _, g in groups for a in g])
     parts += ["\n".join(f"# Note: {n}" for n in notes)] if notes else []
     parts += [_SETTINGS, cluster_block(pf, 6000)]
-    if plan.tp > 1 or plan.cp > 1:
+    if plan.zero >= 2:
+        parts.append("# Megatron-FSDP asserts CUDA_DEVICE_MAX_CONNECTIONS is not 1 (it overlaps its collectives on\n"
+                     "# several streams); with tp or cp > 1 Megatron only warns that TP/CP prefer 1\n"
+                     "unset CUDA_DEVICE_MAX_CONNECTIONS")
+    elif plan.tp > 1 or plan.cp > 1:
         parts.append("# Megatron asserts this when tp or cp > 1 (GPUs before Blackwell)\n"
                      "export CUDA_DEVICE_MAX_CONNECTIONS=1")
     parts += [bash_array(name, group) for name, group in groups]

@@ -25,7 +25,7 @@ from autopar.errors import InputFileError
 @dataclass(frozen=True, slots=True)
 class _Flag:
     dest: str
-    kind: str  # int | float | str | true | false | list | freq
+    kind: str  # int | float | str | true | false | list | floats | tuple | freq
     default: Any = None
 
 
@@ -70,6 +70,24 @@ def _table() -> dict[str, _Flag]:
         "--fp8-format": _Flag("fp8", "str"),
         "--moe-token-dispatcher-type": _Flag("moe_token_dispatcher_type", "str", "allgather"),
         "--moe-expert-capacity-factor": _Flag("moe_expert_capacity_factor", "float"),
+        "--norm-epsilon": _Flag("layernorm_epsilon", "float", 1e-5),
+        "--rotary-base": _Flag("rotary_base", "int", 10000),
+        "--rotary-percent": _Flag("rotary_percent", "float", 1.0),
+        "--rope-scaling-factor": _Flag("rope_scaling_factor", "float", 8.0),
+        "--rope-type": _Flag("rope_type", "str"),
+        "--rotary-scaling-factor": _Flag("rotary_scaling_factor", "float", 1.0),
+        "--mscale": _Flag("mscale", "float", 1.0),
+        "--mscale-all-dim": _Flag("mscale_all_dim", "float", 0.0),
+        "--window-size": _Flag("window_size", "tuple"),
+        "--moe-router-num-groups": _Flag("moe_router_num_groups", "int"),
+        "--moe-router-group-topk": _Flag("moe_router_group_topk", "int"),
+        "--moe-router-topk-scaling-factor": _Flag("moe_router_topk_scaling_factor", "float"),
+        "--moe-router-dtype": _Flag("moe_router_dtype", "str"),
+        "--moe-router-load-balancing-type": _Flag("moe_router_load_balancing_type", "list", ["aux_loss"]),
+        "--moe-aux-loss-coeff": _Flag("moe_aux_loss_coeff", "floats", [0.0]),
+        "--data-parallel-sharding-strategy": _Flag("data_parallel_sharding_strategy", "str", "no_shard"),
+        "--ckpt-format": _Flag("ckpt_format", "str", "torch_dist"),
+        "--no-gradient-accumulation-fusion": _Flag("gradient_accumulation_fusion", "false", True),
         "--cp-comm-type": _Flag("cp_comm_type", "list", ["p2p"]),
         "--hierarchical-context-parallel-sizes": _Flag("hierarchical_context_parallel_sizes", "list"),
         "--moe-layer-freq": _Flag("moe_layer_freq", "freq", 1),
@@ -84,7 +102,7 @@ def _table() -> dict[str, _Flag]:
                  "--account-for-loss-in-pipeline-split", "--use-distributed-optimizer", "--use-torch-fsdp2",
                  "--use-megatron-fsdp", "--recompute-activations", "--distribute-saved-activations",
                  "--overlap-grad-reduce", "--overlap-param-gather", "--tp-comm-overlap", "--bf16", "--fp16",
-                 "--use-legacy-models"):
+                 "--use-legacy-models", "--use-rope-scaling", "--moe-router-enable-expert-bias"):
         out[flag] = _Flag(flag[2:].replace("-", "_"), "true", False)
     return out
 
@@ -128,6 +146,11 @@ def _convert(name: str, flag: _Flag, values: list[str]) -> Any:
         return False
     if flag.kind == "list":
         return values
+    if flag.kind == "floats":
+        try:
+            return [float(v) for v in values]
+        except ValueError as exc:
+            raise InputFileError(f"Megatron flag {name} has a malformed value {values} ({exc}); fix the launch arguments")
     if len(values) != 1:
         raise InputFileError(f"Megatron flag {name} takes one value, got {values or 'none'}; fix the launch arguments")
     raw = values[0]
@@ -138,6 +161,8 @@ def _convert(name: str, flag: _Flag, values: list[str]) -> Any:
             return float(raw)
         if flag.kind == "freq":
             return int(raw) if "[" not in raw else parse_int_pattern(raw)
+        if flag.kind == "tuple":  # arguments.py tuple_type: "(1,2)" or "1,2"
+            return tuple(int(x) for x in raw.strip("()").split(","))
     except ValueError as exc:
         raise InputFileError(f"Megatron flag {name} has a malformed value {raw!r} ({exc}); fix the launch arguments")
     return raw
@@ -539,7 +564,72 @@ def _experts(a: Mapping[str, Any]) -> list[str]:
     return out
 
 
-_RULES: tuple[Callable[..., list[str]], ...] = (_pipeline, _sequence, _overlap, _recompute, _attention, _experts)
+def _router(a: Mapping[str, Any]) -> list[str]:
+    """TransformerConfig.__post_init__'s router checks and validate_args' balance-loss ones."""
+    out = []
+    if a["num_experts"] is None:
+        return out
+    if a["moe_router_enable_expert_bias"] and a["moe_router_score_function"] != "sigmoid":
+        out.append("Megatron: 'Expert bias for aux-loss-free routing only supports sigmoid score function'; "
+                   "set --moe-router-score-function sigmoid")
+    if a["moe_router_score_function"] not in ("softmax", "sigmoid"):
+        out.append(f"Megatron: --moe-router-score-function {a['moe_router_score_function']!r} is not softmax or sigmoid")
+    groups, group_topk = a["moe_router_num_groups"], a["moe_router_group_topk"]
+    if group_topk:
+        if not groups:
+            out.append("Megatron: 'When using group limited routing, moe_router_num_groups must be specified.'")
+        elif a["num_experts"] % groups or group_topk > groups:
+            out.append(f"Megatron: the {a['num_experts']} experts must split into moe_router_num_groups ({groups}) "
+                       f"groups, and moe_router_group_topk ({group_topk}) must not exceed them")
+    if a["moe_router_dtype"] not in (None, "fp32", "fp64"):
+        out.append(f"Megatron: --moe-router-dtype {a['moe_router_dtype']!r} is not fp32 or fp64")
+    types, coeffs = a["moe_router_load_balancing_type"], a["moe_aux_loss_coeff"]
+    bad = sorted(set(types) - {"aux_loss", "seq_aux_loss", "global_aux_loss", "sinkhorn", "none"})
+    if bad:
+        out.append(f"Megatron: --moe-router-load-balancing-type {bad} is not one of aux_loss, seq_aux_loss, "
+                   "global_aux_loss, sinkhorn, none")
+    if len(types) > 1 and len(coeffs) != len(types):
+        out.append("Megatron: 'moe_aux_loss_coeff must be a list of the same length as "
+                   "moe_router_load_balancing_type'")
+    return out
+
+
+def _rope(a: Mapping[str, Any]) -> list[str]:
+    out = []
+    if a["rope_type"] not in (None, "rope", "yarn"):
+        out.append(f"Megatron: --rope-type {a['rope_type']!r} is not rope or yarn")
+    if a["rope_type"] not in (None, "rope") and not a["multi_latent_attention"]:
+        out.append(f"Megatron: 'Common attention only support rope_type=\"rope\", but got {a['rope_type']}'; "
+                   "YaRN needs --multi-latent-attention")
+    if a["window_size"] is not None and len(a["window_size"]) != 2:
+        out.append(f"Megatron: --window-size {a['window_size']} must be (left, right)")
+    return out
+
+
+def _fsdp(a: Mapping[str, Any]) -> list[str]:
+    """validate_args for Megatron-FSDP (and its user guide's required flags)."""
+    out = []
+    strategy = a["data_parallel_sharding_strategy"]
+    if strategy not in ("no_shard", "optim", "optim_grads", "optim_grads_params"):
+        out.append(f"Megatron: --data-parallel-sharding-strategy {strategy!r} is not one of no_shard, optim, "
+                   "optim_grads, optim_grads_params")
+    if a["ckpt_format"] == "fsdp_dtensor" and not a["use_megatron_fsdp"]:
+        out.append("Megatron: '--ckpt-format fsdp_dtensor is only tested with Megatron FSDP.'")
+    if not a["use_megatron_fsdp"]:
+        return out
+    if a["ckpt_format"] != "fsdp_dtensor":
+        out.append("Megatron: 'Megatron FSDP only supports fsdp_dtensor checkpoint format'; add --ckpt-format "
+                   "fsdp_dtensor")
+    if a["use_torch_fsdp2"]:
+        out.append("Megatron: --use-megatron-fsdp and --use-torch-fsdp2 are two FSDP implementations; keep one")
+    if not a["use_distributed_optimizer"] or a["gradient_accumulation_fusion"]:
+        out.append("Megatron-FSDP user guide: the required flags include --use-distributed-optimizer and "
+                   "--no-gradient-accumulation-fusion")
+    return out
+
+
+_RULES: tuple[Callable[..., list[str]], ...] = (_pipeline, _sequence, _overlap, _recompute, _attention, _experts,
+                                                _router, _rope, _fsdp)
 
 
 def megatron_violations(args: Sequence[str] | Mapping[str, Any], world_size: int) -> list[str]:

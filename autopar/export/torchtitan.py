@@ -1,22 +1,32 @@
 """torchtitan export: command-line overrides for torchtitan 0.3 (`python -m torchtitan.train
 --module M --config C --section.key value ... activation-checkpoint:MODE`).
 
-torchtitan 0.3 builds the model from a config_registry function (--module llama3 --config
-llama3_70b), parsed by tyro; flags are the dataclass fields of torchtitan/config/configs.py with
-dashes, and the activation-checkpoint policy is a subcommand that must come last. Mapping:
+torchtitan 0.3 builds the model from a config_registry function, parsed by tyro; flags are the
+dataclass fields of torchtitan/config/configs.py with dashes, and the activation-checkpoint policy
+is a subcommand that must come last. The model is not settable by flags (Trainer.Config.model_spec
+is suppressed from the CLI), so the export writes a config_registry module, autopar_torchtitan.py
+(--module autopar_torchtitan --config autopar_plan): the registry config of the flavour whose
+shape the model has (a Llama-3 config.json is the llama3 8B/70B/405B flavour whatever its name),
+with RoPE base and scaling, norm epsilon, router and weight tying set as the model's config says,
+and float8 as a Float8LinearConverter on any flavour. Mapping of the plan:
 - dp: zero 0 = every dp rank a replica (data_parallel_replicate_degree dp, shard 1); zero 2/3 =
   FSDP2 over dp (reshard after forward never/always); zero_shard_size k = HSDP, shard k,
   replicate dp/k. torchtitan shards parameters over dp_shard·cp whenever cp > 1, so zero 0 with cp
   is refused.
 - pp: one model part per virtual stage, listed exactly (--parallelism.module-fqns-per-model-part),
-  schedule 1F1B (vpp 1) or Interleaved1F1B; local batch = global / dp, pipeline micro-batch = mbs.
+  any split, uneven included (without one, the Layout's default is torchtitan's own rule,
+  cost.layout.torchtitan_layer_counts, so the estimate and the export split alike);
+  schedule by torch.distributed.pipelining's names, 1F1B (vpp 1) or Interleaved1F1B; local batch =
+  global / dp, pipeline micro-batch = mbs.
   Without pp: local batch = mbs and gradient accumulation fills the global batch.
 - ep: experts are sharded by ep alone (etp 1) when ep > 1, by tp when ep = 1; ep must divide
   dp_shard·cp·tp. cp all-gathers K/V (torch's default rotate method), so cp_comm_type must be
   allgather. tp_comm_overlap = async TP (compile on).
 - recompute: none / selective (torchtitan's per-op SAC: the closest policy, not the same set of
   tensors as Megatron's modules) / full (every block). Full of K < all layers is refused.
-- precision: fp8 only where a registry config carries the float8 converter (table below).
+- precision: fp8 = the float8 converter (rowwise, lm_head kept in bf16) on any flavour, compiled.
+- MoE: torchtitan balances experts with a score bias only; a config's aux-loss coefficient is
+  noted as not applied.
 Overlap flags are not settable: FSDP2 always prefetches and overlaps.
 """
 
@@ -24,36 +34,102 @@ from __future__ import annotations
 
 import shlex
 
-from autopar.cost.layout import Layout
+from dataclasses import dataclass
+
+from autopar.cost.layout import Layout, torchtitan_layer_counts  # noqa: F401 (torchtitan's split, re-exported)
 from autopar.export.common import (DEFAULT_GPUS_PER_NODE, TORCHRUN, bash_array, cluster_block, header, layer_counts,
                                    plan_layout, refuse, require_exportable)
+from autopar.schema.model import ModelSpec
 from autopar.schema.plan import ParallelPlan, RecomputeMode
 from autopar.schema.plan_file import PlanFile
 
-# (autopar preset, precision) -> (torchtitan --module, --config), torchtitan 0.3.0 config_registry
-TORCHTITAN_CONFIGS: dict[tuple[str, str], tuple[str, str]] = {
-    ("llama3-8b", "bf16"): ("llama3", "llama3_8b"),
-    ("llama3-8b", "fp8"): ("llama3", "llama3_8b_mxfp8"),
-    ("llama3-70b", "bf16"): ("llama3", "llama3_70b"),
-    ("llama3.1-405b", "fp8"): ("llama3", "llama3_405b"),  # the registry's 405B trains with Float8Linear
-    ("qwen3-30b-a3b", "bf16"): ("qwen3", "qwen3_30b_a3b"),
-    ("deepseek-v3", "bf16"): ("deepseek_v3", "deepseek_v3_671b"),
-    ("deepseek-v3", "fp8"): ("deepseek_v3", "deepseek_v3_671b_float8"),
-}
+@dataclass(frozen=True, slots=True)
+class Flavour:
+    """A torchtitan 0.3 model_registry flavour, the config_registry function that trains it, and the
+    autopar preset with the same shape (torchtitan/models/<module>/__init__.py, config_registry.py)."""
+
+    module: str
+    flavor: str
+    config_fn: str
+    preset: str
+    fixed: tuple[tuple[str, float], ...] = ()  # settings the flavour hard-codes: (spec path, value)
+    bf16_config_fn: str | None = None  # the recipe to start bf16 plans from, when config_fn builds float8
+
+    def recipe(self, fp8: bool) -> str:
+        return self.config_fn if fp8 or self.bf16_config_fn is None else self.bf16_config_fn
 
 
-def _config_for(pf: PlanFile, plan: ParallelPlan) -> tuple[str, str]:
-    key = (pf.target.model_spec.name, plan.precision)
-    if key not in TORCHTITAN_CONFIGS:
-        known = ", ".join(f"{m} {p}" for m, p in TORCHTITAN_CONFIGS)
-        refuse("torchtitan", [f"no torchtitan 0.3 config_registry entry trains {key[0]} in {key[1]} (it builds "
-                              f"models from Python configs, not flags); supported: {known}"])
-    return TORCHTITAN_CONFIGS[key]
+FLAVOURS: tuple[Flavour, ...] = (
+    Flavour("llama3", "8B", "llama3_8b", "llama3-8b"),
+    Flavour("llama3", "70B", "llama3_70b", "llama3-70b"),
+    # llama3_405b builds Float8Linear unconditionally: bf16 plans start from llama3_70b's recipe
+    Flavour("llama3", "405B", "llama3_405b", "llama3.1-405b", bf16_config_fn="llama3_70b"),
+    Flavour("qwen3", "30B-A3B", "qwen3_30b_a3b", "qwen3-30b-a3b"),
+    Flavour("deepseek_v3", "671B", "deepseek_v3_671b", "deepseek-v3", (("rope_scaling.mscale_all_dim", 1.0),)),
+)
+_SHAPE_FIELDS = ("num_layers", "hidden_size", "num_attention_heads", "kv_heads", "head_size", "ffn_hidden_size",
+                 "vocab_size", "activation", "normalization", "position_embedding", "qkv_bias", "attn_out_bias",
+                 "mlp_bias", "qk_norm", "mla")
+_MOE_SHAPE_FIELDS = ("num_experts", "top_k", "expert_ffn_hidden_size", "num_shared_experts",
+                     "shared_expert_ffn_hidden_size", "first_k_dense", "layer_freq", "shared_expert_gate")
+
+
+def _shape(spec: ModelSpec) -> tuple:
+    moe = tuple(getattr(spec.moe, f) for f in _MOE_SHAPE_FIELDS) if spec.moe else None
+    return tuple(getattr(spec, f) for f in _SHAPE_FIELDS) + (moe,)
+
+
+def flavour_for(spec: ModelSpec) -> Flavour | None:
+    """The registry flavour whose architecture `spec` has (by shape, whatever the model is called)."""
+    from autopar.model.presets import preset
+
+    shape = _shape(spec)
+    return next((f for f in FLAVOURS if _shape(preset(f.preset)) == shape), None)
+
+
+def no_flavour_reason(spec: ModelSpec) -> str | None:
+    """Why torchtitan cannot build `spec` at all (None = a registry flavour has its shape)."""
+    if flavour_for(spec) is not None:
+        return None
+    known = ", ".join(f"{f.module} {f.flavor} ({f.preset})" for f in FLAVOURS)
+    return (f"{spec.name} has the shape of no torchtitan 0.3 model_registry flavour, so no config_registry entry "
+            f"builds it (torchtitan builds models from Python configs, not flags); supported: {known}")
+
+
+def _config_for(pf: PlanFile, plan: ParallelPlan) -> Flavour:
+    reason = no_flavour_reason(pf.target.model_spec)
+    if reason:
+        refuse("torchtitan", [reason])
+    return flavour_for(pf.target.model_spec)
+
+
+def _model_refusals(spec: ModelSpec) -> list[str]:
+    """What the generated config module cannot set on the registry flavour."""
+    out = []
+    if spec.sliding_window is not None:
+        out.append(f"sliding window {spec.sliding_window}: torchtitan's attention configs have no window; export "
+                   "to megatron")
+    if spec.rotary_percent != 1.0:
+        out.append(f"rotary percent {spec.rotary_percent}: torchtitan rotates the whole head dim")
+    sc = spec.rope_scaling
+    if sc is not None and sc.type == "yarn" and sc.mscale != sc.mscale_all_dim:
+        out.append(f"YaRN mscale {sc.mscale} != mscale_all_dim {sc.mscale_all_dim}: torchtitan's RoPE has no "
+                   "cos/sin magnitude scaling")
+    flavour = flavour_for(spec)
+    for path, value in flavour.fixed if flavour else ():
+        head, _, attr = path.partition(".")
+        got = getattr(getattr(spec, head), attr) if attr and getattr(spec, head) is not None else None
+        if got is not None and got != value:
+            out.append(f"{path} {got}: torchtitan's {flavour.module} {flavour.flavor} fixes it at {value}")
+    return out
 
 
 def torchtitan_refusals(pf: PlanFile, plan: ParallelPlan) -> list[str]:
     """Every reason torchtitan 0.3 cannot run `plan` (empty = exportable)."""
-    out = []
+    reason = no_flavour_reason(pf.target.model_spec)
+    if reason:
+        return [reason]
+    out = _model_refusals(pf.target.model_spec)
     # The search calls this per candidate: the shard degrees read here do not depend on the node size.
     spec, layout = pf.target.model_spec, plan_layout(pf, plan, DEFAULT_GPUS_PER_NODE)
     if spec.mtp_layers:
@@ -106,11 +182,15 @@ def model_parts(counts: tuple[int, ...]) -> list[str]:
     return [",".join(p) for p in parts]
 
 
+PP_SCHEDULES = {1: "1F1B", "interleaved": "Interleaved1F1B"}  # torch.distributed.pipelining class names
+
+
 def _pp_args(pf: PlanFile, plan: ParallelPlan, dp: int) -> list[str]:
     args = ["--parallelism.pipeline-parallel-degree", str(plan.pp)]
     if plan.pp == 1:
         return args + ["--training.local-batch-size", str(plan.mbs)]
-    return args + ["--parallelism.pipeline-parallel-schedule", "Interleaved1F1B" if plan.vpp > 1 else "1F1B",
+    schedule = PP_SCHEDULES["interleaved" if plan.vpp > 1 else 1]
+    return args + ["--parallelism.pipeline-parallel-schedule", schedule,
                    "--parallelism.pipeline-parallel-layers-per-stage", "None",
                    "--parallelism.module-fqns-per-model-part", *model_parts(layer_counts(pf)),
                    "--parallelism.pipeline-parallel-microbatch-size", str(plan.mbs),
@@ -121,15 +201,19 @@ def _ac_subcommand(plan: ParallelPlan) -> str:
     return "activation-checkpoint:" + {"none": "none", "selective": "selective", "full": "full"}[plan.recompute.mode]
 
 
+CONFIG_MODULE = "autopar_torchtitan"  # the generated config_registry module (file autopar_torchtitan.py)
+CONFIG_FN = "autopar_plan"
+
+
 def torchtitan_args(pf: PlanFile, run_args: tuple[str, ...] = ()) -> list[str]:
-    """Arguments after `-m torchtitan.train`; `run_args` (paths, steps) go before the
-    activation-checkpoint subcommand, which tyro needs last."""
+    """Arguments after `-m torchtitan.train` (with the generated autopar_torchtitan.py on the
+    Python path); `run_args` (paths, steps) go before the activation-checkpoint subcommand, which
+    tyro needs last."""
     plan = require_exportable(pf, "torchtitan")
-    module, config = _config_for(pf, plan)
-    refuse("torchtitan", torchtitan_refusals(pf, plan))
+    refuse("torchtitan", torchtitan_refusals(pf, plan))  # what framework_refusals, the search's filter, returns
     layout = plan_layout(pf, plan)
     dp = layout.dp
-    args = ["--module", module, "--config", config, *_dp_args(plan, layout),
+    args = ["--module", CONFIG_MODULE, "--config", CONFIG_FN, *_dp_args(plan, layout),
             "--parallelism.tensor-parallel-degree", str(plan.tp)]
     if plan.tp > 1:
         args.append("--parallelism.enable-sequence-parallel" if plan.sequence_parallel
@@ -141,19 +225,101 @@ def torchtitan_args(pf: PlanFile, run_args: tuple[str, ...] = ()) -> list[str]:
              "--training.mixed-precision-param", "bfloat16"]
     if plan.pp > 1 or plan.ep > 1:
         args.append("--training.disable-cuda-graphs")  # torchtitan: CUDA graphs support neither pp nor most EP
-    if plan.tp_comm_overlap:
-        args += ["--compile.enable", "--compile.components", "model,loss", "--compile.enable-async-tensor-parallel"]
-    else:
-        args.append("--compile.no-enable-async-tensor-parallel")
+    if plan.tp_comm_overlap or plan.precision == "fp8":  # float8 needs compile to be fast; async TP needs it
+        args += ["--compile.enable", "--compile.components", "model,loss"]
+    args.append("--compile.enable-async-tensor-parallel" if plan.tp_comm_overlap
+                else "--compile.no-enable-async-tensor-parallel")
     return args + list(run_args) + [_ac_subcommand(plan)]
+
+
+def _rope_fields(spec: ModelSpec) -> dict:
+    """RoPE.Config fields (torchtitan/models/common/rope.py) for the spec's RoPE."""
+    out: dict = {"theta": spec.rope_theta, "scaling": "none"}
+    sc = spec.rope_scaling
+    if sc is not None and sc.type == "llama3":
+        out |= {"scaling": "llama", "scaling_factor": sc.factor, "low_freq_factor": sc.low_freq_factor,
+                "high_freq_factor": sc.high_freq_factor,
+                "original_max_position_embeddings": sc.original_max_position_embeddings}
+    elif sc is not None:
+        out |= {"scaling": "yarn", "rope_factor": sc.factor, "beta_fast": sc.beta_fast, "beta_slow": sc.beta_slow,
+                "original_seq_len": sc.original_max_position_embeddings}
+    return out
+
+
+def _router_fields(spec: ModelSpec) -> dict | None:
+    """TokenChoiceTopKRouter.Config fields (torchtitan/models/common/moe.py) for the spec's router."""
+    moe = spec.moe
+    if moe is None:
+        return None
+    return {"score_func": moe.score_function, "route_norm": moe.norm_topk_prob,
+            "route_scale": moe.routed_scaling_factor, "num_expert_groups": moe.num_groups,
+            "num_limited_groups": moe.group_topk}
+
+
+def balance_note(spec: ModelSpec) -> str | None:
+    """torchtitan 0.3's MoE balances experts with a score bias only (MoE.Config.load_balance_coeff,
+    the bias update rate); it has no auxiliary balance loss."""
+    if spec.moe is None or not spec.moe.aux_loss_coeff:
+        return None
+    return (f"torchtitan has no auxiliary balance loss: the config's coefficient {spec.moe.aux_loss_coeff} is not "
+            "applied; experts are balanced by torchtitan's score bias (load_balance_coeff 1e-3) instead")
+
+
+def config_module(pf: PlanFile) -> str:
+    """autopar_torchtitan.py: a config_registry module whose `autopar_plan()` is the registry config of
+    the model's flavour with the model set as its config says (RoPE, norm epsilon, router, weight
+    tying) and float8 as a converter when the plan is fp8."""
+    spec, plan = pf.target.model_spec, pf.parallel
+    flavour = _config_for(pf, plan)
+    fp8 = plan.precision == "fp8"
+    note = balance_note(spec)
+    lines = [
+        f'"""torchtitan 0.3 config_registry module written by autopar {pf.autopar_version} for {spec.name}: the',
+        f"{flavour.module} {flavour.flavor} flavour (same shape) with the model's own settings"
+        f"{' and the float8 converter' if fp8 else ''}.",
+        f"The launch passes --module {CONFIG_MODULE} --config {CONFIG_FN}; flags override the rest.",
+        *([f"Note: {note}."] if note else []),
+        '"""', "",
+        "from torchtitan.models.common import RMSNorm, RoPE",
+        *(["from torchtitan.models.common.moe import TokenChoiceTopKRouter"] if spec.moe else []),
+        *(["from torchtitan.components.quantization import Float8LinearConverter"] if fp8 else []),
+        f"from torchtitan.models.{flavour.module} import model_registry",
+        f"from torchtitan.models.{flavour.module}.config_registry import {flavour.recipe(fp8)}", "",
+        f"ROPE = {_rope_fields(spec)!r}",
+        f"NORM_EPS = {spec.norm_epsilon!r}",
+        f"ROUTER = {_router_fields(spec)!r}",
+        f"WEIGHT_TYING = {spec.tie_embeddings!r}",
+        f"SEQ_LEN = {plan.seq_len}", "", "",
+        f"def {CONFIG_FN}():",
+        f"    config = {flavour.recipe(fp8)}()",
+        ("    converters = [Float8LinearConverter.Config(filter_fqns=['lm_head'], model_compile_enabled=True)]"
+         if fp8 else "    converters = None"),
+        f"    config.model_spec = model_registry({flavour.flavor!r}, converters=converters)",
+        "    model = config.model_spec.model",
+        "    for _, rope, _, _ in model.traverse(RoPE.Config):",
+        "        for key, value in ROPE.items():",
+        "            setattr(rope, key, value)",
+        "        rope.max_seq_len = max(rope.max_seq_len, SEQ_LEN)",
+        "    for _, norm, _, _ in model.traverse(RMSNorm.Config):",
+        "        norm.eps = NORM_EPS",
+        *(["    for _, router, _, _ in model.traverse(TokenChoiceTopKRouter.Config):",
+           "        for key, value in ROUTER.items():",
+           "            setattr(router, key, value)"] if spec.moe else []),
+        "    if hasattr(model, 'enable_weight_tying'):",
+        "        model.enable_weight_tying = WEIGHT_TYING",
+        "    return config", "",
+    ]
+    return "\n".join(lines)
 
 
 _RUN_ARGS = ("--hf-assets-path", '"$HF_ASSETS_PATH"', "--dataloader.dataset-path", '"$DATASET_PATH"',
              "--dump-folder", '"$DUMP_FOLDER"', "--training.steps", '"$TRAIN_STEPS"', "--checkpoint.enable")
+_PYTHONPATH = 'export PYTHONPATH="$(cd "$(dirname "$0")" && pwd)${PYTHONPATH:+:$PYTHONPATH}"  # autopar_torchtitan.py'
 
 
 def torchtitan_launch_command(pf: PlanFile) -> str:
-    """One torchrun line per node (cluster and path variables from the environment)."""
+    """One torchrun line per node (cluster and path variables from the environment); the generated
+    autopar_torchtitan.py must be on PYTHONPATH."""
     args = torchtitan_args(pf, _RUN_ARGS)
     words = " ".join(a if a.startswith('"$') else shlex.quote(a) for a in args)
     return f"{TORCHRUN} \\\n    -m torchtitan.train {words}"
@@ -168,7 +334,9 @@ def export_torchtitan(pf: PlanFile) -> str:
         'DUMP_FOLDER="${DUMP_FOLDER:-./outputs}"                   # <-- SET: logs and checkpoints',
         'TRAIN_STEPS="${TRAIN_STEPS:-10000}"                       # <-- SET: training length',
     ])
-    parts = [header(pf, "torchtitan", "torchtitan launch"), settings, cluster_block(pf, 29500),
+    note = balance_note(pf.target.model_spec)
+    parts = [header(pf, "torchtitan", "torchtitan launch"), *([f"# Note: {note}."] if note else []), settings,
+             cluster_block(pf, 29500), _PYTHONPATH,
              bash_array("PLAN_ARGS", args[:-1]), bash_array("RUN_ARGS", list(_RUN_ARGS)),
              f'{TORCHRUN} \\\n    -m torchtitan.train "${{PLAN_ARGS[@]}}" "${{RUN_ARGS[@]}}" {args[-1]}']
     return "\n\n".join(parts) + "\n"

@@ -15,7 +15,7 @@ from autopar.io import read_text_file
 from autopar.limits import check_name, clip, clip_repr
 from autopar.model.build import build_graph
 from autopar.model.graph import Activation, Gemm, Layer, ModelGraph
-from autopar.model.hf_config import SUPPORTED_MODEL_TYPES, spec_from_hf_config
+from autopar.model.hf_config import SUPPORTED_MODEL_TYPES, config_name, spec_from_hf_config
 from autopar.model.presets import PRESET_NAMES, preset
 from autopar.schema import one_line
 from autopar.schema.model import ModelSpec
@@ -65,8 +65,8 @@ def _spec_from_file(path: Path) -> ModelSpec:
 
 
 def _name_of(data: dict, path: Path) -> str:
-    name = data.get("_name_or_path")
-    return clip(name, 200) if isinstance(name, str) and name else (path.parent.name or path.stem)
+    """The config's own name (_name_or_path, else its architecture), never the folder it sits in."""
+    return clip(config_name(data), 200)
 
 
 def load_spec(name_or_path: str) -> ModelSpec:

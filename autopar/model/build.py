@@ -178,7 +178,7 @@ def _decoder_layer(spec: ModelSpec, index: int, moe: bool, kind: str | None = No
         elementwise_flops_per_token=float(ew_flops),
         elementwise_bytes_per_token_tp=float(ew_tp), elementwise_bytes_per_token_sp=float(ew_sp),
         top_k=spec.moe.top_k if moe else 0, num_experts=spec.moe.num_experts if moe else 0,
-        **shape,
+        attention_window=spec.sliding_window, **shape,
     )
 
 
@@ -230,6 +230,7 @@ def _mtp_layer(spec: ModelSpec, index: int, depth: int) -> Layer:
         elementwise_bytes_per_token_sp=inner.elementwise_bytes_per_token_sp,
         num_heads=inner.num_heads, num_kv_heads=inner.num_kv_heads, head_dim_qk=inner.head_dim_qk,
         head_dim_v=inner.head_dim_v, top_k=inner.top_k, num_experts=inner.num_experts,
+        attention_window=inner.attention_window,
     )
 
 

@@ -83,6 +83,24 @@ class Activation:
     bytes_per_token_per_seq: float = 0.0
 
 
+def attended_keys_per_query(seq_len: int, window: int | None, causal: bool = True) -> float:
+    """Mean keys a query attends to, in the continuum limit flash kernels' FLOPs follow: full
+    non-causal s; causal s/2 (the lower triangle); a causal sliding window w (Beltagy et al. 2020,
+    Longformer; Mistral 7B, Jiang et al. 2023): query i sees min(i, w) keys, mean w − w²/(2s) for
+    w < s. Ignores the diagonal's +1/2 and the kernel's block granularity at the band edge."""
+    if window is None or window >= seq_len:
+        return seq_len / 2 if causal else float(seq_len)
+    if not causal:
+        return float(min(seq_len, 2 * window))
+    return window - window * window / (2 * seq_len)
+
+
+def scored_keys_per_query(seq_len: int, window: int | None) -> int:
+    """Keys per query whose scores an unfused attention saves for backward: the whole row s
+    (Korthikanti et al. 2022's 5·a·s bytes), or the band w of a sliding window kernel."""
+    return seq_len if window is None else min(seq_len, window)
+
+
 @dataclass(frozen=True, slots=True)
 class Layer:
     """One node of the layer graph. kind: embedding | dense | moe | mtp | head."""
@@ -99,6 +117,7 @@ class Layer:
     elementwise_bytes_per_token_tp: float = 0.0
     elementwise_bytes_per_token_sp: float = 0.0
     elementwise_bytes_per_token_per_seq_tp: float = 0.0  # unfused softmax/dropout over a·s scores
+    attention_window: int | None = None  # sliding-window attention: keys per query at most; None = full
     num_heads: int = 0
     num_kv_heads: int = 0
     head_dim_qk: int = 0
@@ -141,10 +160,18 @@ class Layer:
     def matmul_flops_per_token(self) -> float:
         return sum(g.flops_per_token for g in self.gemms)
 
+    def attended_keys(self, seq_len: int, causal: bool = True) -> float:
+        """Mean keys one query attends to in this layer (see attended_keys_per_query)."""
+        return attended_keys_per_query(seq_len, self.attention_window, causal)
+
+    def scored_keys(self, seq_len: int) -> int:
+        """Keys per query an unfused kernel materialises scores for (see scored_keys_per_query)."""
+        return scored_keys_per_query(seq_len, self.attention_window)
+
     def attention_flops_per_token(self, seq_len: int, causal: bool = True) -> float:
-        """QK^T + AV FLOPs per token; causal counts the lower triangle only (half)."""
-        full = self.attn_flops_per_token_per_seq * seq_len
-        return full / 2 if causal else full
+        """QK^T + AV FLOPs per token: the per-key coefficient times the keys a query attends to
+        (causal: the lower triangle only, half; a sliding window: the band)."""
+        return self.attn_flops_per_token_per_seq * self.attended_keys(seq_len, causal)
 
     def forward_flops_per_token(self, seq_len: int, causal: bool = True) -> float:
         return (
@@ -155,7 +182,8 @@ class Layer:
 
     def activation_bytes_per_token(self, seq_len: int) -> dict[str, float]:
         """Saved bytes per token by tensor, unsplit (tp = sp = cp = 1), no recompute."""
-        return {a.name: a.bytes_per_token + a.bytes_per_token_per_seq * seq_len for a in self.activations}
+        keys = self.scored_keys(seq_len)
+        return {a.name: a.bytes_per_token + a.bytes_per_token_per_seq * keys for a in self.activations}
 
 
 @dataclass(frozen=True)

@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from autopar.schema.model import MLASpec, ModelSpec, MoESpec
+from autopar.schema.model import MLASpec, ModelSpec, MoESpec, RopeScaling
 
 _SC21 = "Narayanan et al. SC'21 Table 1 (V=51200, s=2048, 4h FFN)"
 
@@ -13,23 +13,33 @@ def _megatron_gpt(name: str, layers: int, hidden: int, heads: int, source: str =
         name=name, source=source, num_layers=layers, hidden_size=hidden, num_attention_heads=heads,
         ffn_hidden_size=4 * hidden, vocab_size=51200, seq_length=2048, activation="gelu",
         normalization="layernorm", position_embedding="learned", tie_embeddings=True, qkv_bias=True,
-        attn_out_bias=True, mlp_bias=True, dropout=True,
+        attn_out_bias=True, mlp_bias=True, dropout=True, norm_epsilon=1e-5,
     )
+
+
+# Llama 3.1's rope_scaling (config.json of every Llama-3.1 size)
+LLAMA31_ROPE = RopeScaling(type="llama3", factor=8.0, original_max_position_embeddings=8192,
+                           low_freq_factor=1.0, high_freq_factor=4.0)
 
 
 def _llama(name: str, source: str, layers: int, hidden: int, heads: int, kv: int, ffn: int,
-           vocab: int = 128256, seq: int = 8192) -> ModelSpec:
+           vocab: int = 128256, seq: int = 8192, rope_scaling: RopeScaling | None = None) -> ModelSpec:
+    """Llama 3 / 3.1: rope_theta 500000, rms_norm_eps 1e-5, untied embeddings."""
     return ModelSpec(
         name=name, source=source, num_layers=layers, hidden_size=hidden, num_attention_heads=heads,
-        num_kv_heads=kv, ffn_hidden_size=ffn, vocab_size=vocab, seq_length=seq,
+        num_kv_heads=kv, ffn_hidden_size=ffn, vocab_size=vocab, seq_length=seq, rope_theta=500000.0,
+        norm_epsilon=1e-5, rope_scaling=rope_scaling,
+        max_position_embeddings=131072 if rope_scaling else 8192,
     )
 
 
-def _mixtral(name: str, source: str, layers: int, hidden: int, heads: int, ffn: int, vocab: int) -> ModelSpec:
+def _mixtral(name: str, source: str, layers: int, hidden: int, heads: int, ffn: int, vocab: int,
+             aux_loss_coeff: float) -> ModelSpec:
+    """Mixtral: rope_theta 1e6, rms_norm_eps 1e-5, no sliding window, router_aux_loss_coef per size."""
     return ModelSpec(
         name=name, source=source, num_layers=layers, hidden_size=hidden, num_attention_heads=heads,
-        num_kv_heads=8, ffn_hidden_size=ffn, vocab_size=vocab, seq_length=4096,
-        moe=MoESpec(num_experts=8, top_k=2, expert_ffn_hidden_size=ffn),
+        num_kv_heads=8, ffn_hidden_size=ffn, vocab_size=vocab, seq_length=4096, rope_theta=1e6, norm_epsilon=1e-5,
+        moe=MoESpec(num_experts=8, top_k=2, expert_ffn_hidden_size=ffn, aux_loss_coeff=aux_loss_coeff),
     )
 
 
@@ -37,7 +47,9 @@ def _qwen3_moe(name: str, source: str, layers: int, hidden: int, heads: int, ffn
     return ModelSpec(
         name=name, source=source, num_layers=layers, hidden_size=hidden, num_attention_heads=heads,
         num_kv_heads=4, head_dim=128, ffn_hidden_size=ffn, vocab_size=151936, seq_length=4096, qk_norm=True,
-        moe=MoESpec(num_experts=128, top_k=8, expert_ffn_hidden_size=expert_ffn),
+        rope_theta=1e6, norm_epsilon=1e-6,
+        moe=MoESpec(num_experts=128, top_k=8, expert_ffn_hidden_size=expert_ffn, norm_topk_prob=True,
+                    aux_loss_coeff=0.001),
     )
 
 
@@ -45,10 +57,15 @@ def _deepseek_v3() -> ModelSpec:
     return ModelSpec(
         name="deepseek-v3", source="deepseek-ai/DeepSeek-V3 config.json; DeepSeek-V3 report (arXiv 2412.19437)",
         num_layers=61, hidden_size=7168, num_attention_heads=128, ffn_hidden_size=18432,
-        vocab_size=129280, seq_length=4096, mtp_layers=1,
+        vocab_size=129280, seq_length=4096, mtp_layers=1, rope_theta=10000.0, norm_epsilon=1e-6,
+        max_position_embeddings=163840,
+        rope_scaling=RopeScaling(type="yarn", factor=40.0, original_max_position_embeddings=4096, beta_fast=32.0,
+                                 beta_slow=1.0, mscale=1.0, mscale_all_dim=1.0),
         mla=MLASpec(q_lora_rank=1536, kv_lora_rank=512, qk_nope_head_dim=128, qk_rope_head_dim=64, v_head_dim=128),
         moe=MoESpec(num_experts=256, top_k=8, expert_ffn_hidden_size=2048, num_shared_experts=1,
-                    shared_expert_ffn_hidden_size=2048, first_k_dense=3),
+                    shared_expert_ffn_hidden_size=2048, first_k_dense=3, score_function="sigmoid",
+                    expert_bias=True, num_groups=8, group_topk=4, routed_scaling_factor=2.5, aux_loss_coeff=0.001,
+                    aux_loss_per_sequence=True, router_fp32=True),
     )
 
 
@@ -66,9 +83,10 @@ _BUILDERS = {
     "gpt-1t": lambda: _megatron_gpt("gpt-1t", 128, 25600, 160),
     "llama3-8b": lambda: _llama("llama3-8b", "meta-llama/Meta-Llama-3-8B config.json", 32, 4096, 32, 8, 14336),
     "llama3-70b": lambda: _llama("llama3-70b", "meta-llama/Meta-Llama-3-70B config.json", 80, 8192, 64, 8, 28672),
-    "llama3.1-405b": lambda: _llama("llama3.1-405b", "meta-llama/Llama-3.1-405B config.json", 126, 16384, 128, 8, 53248),
-    "mixtral-8x7b": lambda: _mixtral("mixtral-8x7b", "mistralai/Mixtral-8x7B-v0.1 config.json", 32, 4096, 32, 14336, 32000),
-    "mixtral-8x22b": lambda: _mixtral("mixtral-8x22b", "mistralai/Mixtral-8x22B-v0.3 config.json (vocab 32768)", 56, 6144, 48, 16384, 32768),
+    "llama3.1-405b": lambda: _llama("llama3.1-405b", "meta-llama/Llama-3.1-405B config.json", 126, 16384, 128, 8, 53248,
+                                    rope_scaling=LLAMA31_ROPE),
+    "mixtral-8x7b": lambda: _mixtral("mixtral-8x7b", "mistralai/Mixtral-8x7B-v0.1 config.json", 32, 4096, 32, 14336, 32000, 0.02),
+    "mixtral-8x22b": lambda: _mixtral("mixtral-8x22b", "mistralai/Mixtral-8x22B-v0.3 config.json (vocab 32768)", 56, 6144, 48, 16384, 32768, 0.001),
     "qwen3-30b-a3b": lambda: _qwen3_moe("qwen3-30b-a3b", "Qwen/Qwen3-30B-A3B config.json", 48, 2048, 32, 6144, 768),
     "qwen3-235b-a22b": lambda: _qwen3_moe("qwen3-235b-a22b", "Qwen/Qwen3-235B-A22B config.json", 94, 4096, 64, 12288, 1536),
     "deepseek-v3": _deepseek_v3,

@@ -13,7 +13,7 @@ from pydantic import BaseModel, ConfigDict, Field, model_validator
 
 from autopar.limits import (MAX_EXPERTS, MAX_FFN_HIDDEN_SIZE, MAX_HEADS, MAX_HIDDEN_SIZE, MAX_LAYERS, MAX_SEQ_LEN,
                             MAX_VOCAB_SIZE)
-from autopar.schema.types import Count, Flag
+from autopar.schema.types import Count, Flag, Real
 
 _FROZEN = ConfigDict(frozen=True, extra="forbid")
 
@@ -30,6 +30,24 @@ class MLASpec(BaseModel):
     v_head_dim: Count = Field(..., ge=1, le=MAX_HIDDEN_SIZE, description="Per-head value dim.")
 
 
+class RopeScaling(BaseModel):
+    """RoPE frequency scaling for long context, as the HF config's rope_scaling / rope_parameters
+    give it. llama3: Meta's piecewise wavelength scaling (Llama 3.1); yarn: Peng et al. 2023
+    (arXiv 2309.00071), DeepSeek-V3's variant with mscale."""
+
+    model_config = _FROZEN
+
+    type: Literal["llama3", "yarn"] = Field(..., description="llama3 (Llama 3.1+) or yarn (DeepSeek-V3).")
+    factor: Real = Field(..., gt=0, le=1e6, description="Context extension factor.")
+    original_max_position_embeddings: Count = Field(..., ge=1, le=MAX_SEQ_LEN, description="Pre-training context length.")
+    low_freq_factor: Real = Field(1.0, gt=0, le=1e6, description="llama3: wavelengths above orig/low are divided by factor.")
+    high_freq_factor: Real = Field(4.0, gt=0, le=1e6, description="llama3: wavelengths below orig/high are kept.")
+    beta_fast: Real = Field(32.0, gt=0, le=1e6, description="yarn: fast correction boundary (rotations).")
+    beta_slow: Real = Field(1.0, gt=0, le=1e6, description="yarn: slow correction boundary (rotations).")
+    mscale: Real = Field(1.0, ge=0, le=1e6, description="yarn: attention temperature coefficient.")
+    mscale_all_dim: Real = Field(0.0, ge=0, le=1e6, description="yarn: mscale applied to all dims (DeepSeek).")
+
+
 class MoESpec(BaseModel):
     """Mixture-of-experts FFN, as Megatron (--num-experts ...) and HF configs describe it."""
 
@@ -43,6 +61,16 @@ class MoESpec(BaseModel):
     first_k_dense: Count = Field(0, ge=0, le=MAX_LAYERS, description="Leading decoder layers with a dense FFN (DeepSeek first_k_dense_replace).")
     layer_freq: Count = Field(1, ge=1, le=MAX_LAYERS, description="Every layer_freq-th layer (after first_k_dense) is MoE; 1 = all.")
     shared_expert_gate: Flag = Field(False, description="A sigmoid gate (h -> 1) on the shared expert (Qwen2-MoE).")
+    score_function: Literal["softmax", "sigmoid"] = Field(
+        "softmax", description="Router score: softmax (Mixtral, Qwen3) or sigmoid (DeepSeek-V3 scoring_func).")
+    norm_topk_prob: Flag = Field(True, description="Renormalise the top-k scores to sum to 1 (HF norm_topk_prob).")
+    expert_bias: Flag = Field(False, description="Aux-loss-free balancing bias on the scores (DeepSeek-V3 noaux_tc).")
+    num_groups: Count | None = Field(None, ge=1, le=MAX_EXPERTS, description="Group-limited routing: expert groups (n_group).")
+    group_topk: Count | None = Field(None, ge=1, le=MAX_EXPERTS, description="Group-limited routing: groups kept per token (topk_group).")
+    routed_scaling_factor: Real = Field(1.0, gt=0, le=1e6, description="Scale on the routed experts' output (DeepSeek: 2.5).")
+    aux_loss_coeff: Real = Field(0.0, ge=0, le=1e6, description="Load-balancing loss coefficient (router_aux_loss_coef).")
+    aux_loss_per_sequence: Flag = Field(False, description="Balance loss per sequence (DeepSeek seq_aux), not per batch.")
+    router_fp32: Flag = Field(False, description="Router logits computed in fp32 (DeepSeek-V3's gate).")
 
     @model_validator(mode="after")
     def _check(self) -> "MoESpec":
@@ -50,6 +78,11 @@ class MoESpec(BaseModel):
             raise ValueError(f"moe.top_k ({self.top_k}) exceeds moe.num_experts ({self.num_experts}); lower top_k")
         if self.num_shared_experts and not self.shared_expert_ffn_hidden_size:
             raise ValueError("moe.num_shared_experts > 0 needs moe.shared_expert_ffn_hidden_size")
+        if (self.num_groups is None) != (self.group_topk is None):
+            raise ValueError("moe.num_groups and moe.group_topk go together; give both or neither")
+        if self.num_groups is not None and (self.num_experts % self.num_groups or self.group_topk > self.num_groups):
+            raise ValueError(f"moe.num_groups ({self.num_groups}) must divide num_experts ({self.num_experts}) and "
+                             f"be at least group_topk ({self.group_topk})")
         return self
 
 
@@ -72,6 +105,11 @@ class ModelSpec(BaseModel):
     activation: Literal["gelu", "swiglu"] = Field("swiglu", description="FFN activation: GeLU (2 matrices) or SwiGLU (3).")
     normalization: Literal["layernorm", "rmsnorm"] = Field("rmsnorm", description="LayerNorm has a bias, RMSNorm not.")
     position_embedding: Literal["learned", "rope"] = Field("rope", description="Learned absolute table or rotary.")
+    rope_theta: Real = Field(10000.0, gt=0, le=1e12, description="RoPE base (HF rope_theta; Llama 3: 500000).")
+    rope_scaling: RopeScaling | None = Field(None, description="RoPE long-context scaling; None = plain RoPE.")
+    rotary_percent: Real = Field(1.0, gt=0, le=1, description="Share of the head dim that is rotated (Pythia 0.25).")
+    norm_epsilon: Real = Field(1e-5, gt=0, le=1, description="Epsilon of every LayerNorm/RMSNorm (HF rms_norm_eps).")
+    sliding_window: Count | None = Field(None, ge=1, le=MAX_SEQ_LEN, description="Attention window in tokens (Mistral); None = full.")
     tie_embeddings: Flag = Field(False, description="Output head shares the input embedding matrix.")
     qkv_bias: Flag = Field(False, description="Bias on the q, k, v projections.")
     attn_out_bias: Flag = Field(False, description="Bias on the attention output projection.")

@@ -158,7 +158,7 @@ def plan_violations(plan: ParallelPlan, num_gpus: int, num_layers: int, num_head
                    "change the global batch, the micro batch or the degrees")
     if plan.vpp > 1 and plan.pp == 1:
         out.append(f"vpp {plan.vpp} needs pp > 1 (interleaving splits each pipeline rank); set vpp 1 or pp > 1")
-    if num_layers % (plan.pp * plan.vpp) and plan.framework != Framework.MEGATRON:
+    if num_layers % (plan.pp * plan.vpp) and plan.framework == Framework.DEEPSPEED:
         out.append(f"{num_layers} layers do not split evenly over pp·vpp = {plan.pp}·{plan.vpp}; "
                    f"{plan.framework} needs an even split")
     if plan.layers_per_stage is not None and (

@@ -39,13 +39,12 @@ from autopar.errors import NoFeasiblePlanError
 from autopar.hardware import Cluster
 from autopar.inputs import load_cluster, load_model, resolve_cost_model
 from autopar.model.graph import ModelGraph
-from autopar.schema.plan import FRAMEWORK_ZERO_STAGES, Framework, ParallelPlan, Precision, Recompute, RecomputeMode, \
-    plan_violations
+from autopar.schema.plan import FRAMEWORK_ZERO_STAGES, Framework, ParallelPlan, Precision, Recompute, RecomputeMode
 from autopar.search.costs import Pricer, stage_inputs, stage_memory_model
 from autopar.search.ilp import recompute_problem, solve_recompute
 from autopar.search.partition import partition_layers
 from autopar.search.rank import Row, distinct_rows, equivalence_band, family, simplicity_key
-from autopar.search.space import SpaceSpec, as_plan, candidate_bases, space_spec_for
+from autopar.search.space import SpaceSpec, as_plan, candidate_bases, plan_problems, space_spec_for
 from autopar.units import GiB
 
 Progress = Callable[[str, int, int], None]  # (phase, done, total); phases: score, refine
@@ -405,7 +404,7 @@ def _variants(spec: SpaceSpec, pricer: Pricer, plan: ParallelPlan, memory_margin
 
 def _score_refined(spec: SpaceSpec, pricer: Pricer, walk: _Walk, plan: ParallelPlan, memory_margin: float) -> None:
     """Price a refined plan; a mapped full(K) that the estimate finds over memory gets K raised."""
-    if plan_violations(plan, **spec.validator_kwargs()) or plan_key(plan) in walk.seen:
+    if plan_problems(spec, plan) or plan_key(plan) in walk.seen:
         return
     max_k = max(pricer.layout(plan).stage_counts)
     while True:

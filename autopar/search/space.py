@@ -43,8 +43,9 @@ RECOMPUTE_CHOICES = {
 # exchange dominates, so such cp are not generated (a pinned cp is still tried).
 MIN_TOKENS_PER_CP_RANK = 1024
 # A space with more raw plans than this is refused before any plan is built (count_raw_candidates), so
-# a search's time and memory are bounded by construction. About twice the largest realistic space:
-# DeepSeek-V3 on 2,048 H800 at its published global batch of 15,360 sequences has 130,752.
+# a search's time and memory are bounded by construction. Above the largest realistic space:
+# DeepSeek-V3 on 2,048 H800 at its published global batch of 15,360 sequences has 196,128 (ZeRO
+# 0-2 under Megatron: Megatron-FSDP's optim_grads searched, optim_grads_params when pinned).
 MAX_RAW_CANDIDATES = 250_000
 _MAX_DIVISOR_INPUT = max(MAX_GPUS, MAX_GLOBAL_BATCH, MAX_SEQ_LEN, MAX_EXPERTS, MAX_HEADS)
 
@@ -156,7 +157,15 @@ def vpp_options(spec: SpaceSpec, pp: int, num_microbatches: int) -> list[int]:
 
 
 def zero_options(spec: SpaceSpec) -> list[int]:
-    return _pinned(spec, "zero", list(FRAMEWORK_ZERO_STAGES[spec.framework]))
+    """Every ZeRO stage the framework has, except Megatron-FSDP's optim_grads_params (Megatron zero
+    3), searched only when pinned (--fix zero=3): the time bound leaves out its per-microbatch
+    parameter re-gather, so it multiplied the plans the search scores (about 5x on Llama 3.1 405B,
+    16,384 GPUs) while zero 2 (optim_grads: gradients sharded at the distributed optimizer's
+    communication) wins the benchmark cases."""
+    stages = FRAMEWORK_ZERO_STAGES[spec.framework]
+    if spec.framework == Framework.MEGATRON:
+        stages = tuple(z for z in stages if z < 3)
+    return _pinned(spec, "zero", list(stages))
 
 
 def sp_options(spec: SpaceSpec, tp: int) -> list[bool | None]:
@@ -291,11 +300,7 @@ def candidate_bases(spec: SpaceSpec) -> list[tuple[Draft, tuple[Draft, ...]]]:
     """Each valid combination of every axis but recompute, with its valid recompute variants."""
     out, first_problem = [], None
     kwargs = spec.validator_kwargs()
-    refusals = None
-    if spec.framework != Framework.MEGATRON and spec.model_spec is not None:
-        from autopar.export import framework_refusals
-
-        refusals = framework_refusals
+    refuses = spec.framework != Framework.MEGATRON and spec.model_spec is not None
     count = count_raw_candidates(spec)
     if count > MAX_RAW_CANDIDATES:
         raise InvalidPlanError(f"the search space has {count:,} candidate plans on {spec.num_gpus:,} GPUs, over the "
@@ -308,10 +313,10 @@ def candidate_bases(spec: SpaceSpec) -> list[tuple[Draft, tuple[Draft, ...]]]:
             first_problem = first_problem or problems
             continue
         variants = (base, *_with_recompute(base, options[1:]))
-        if refusals is not None:
+        if refuses:
             kept = []
             for draft in variants:
-                problems = refusals(spec.model_spec, spec.num_gpus, draft.to_plan())
+                problems = framework_problems(spec, draft.to_plan())
                 if problems:
                     first_problem = first_problem or problems
                 else:
@@ -325,6 +330,22 @@ def candidate_bases(spec: SpaceSpec) -> list[tuple[Draft, tuple[Draft, ...]]]:
         error = InvalidPlanError if pinned else NoFeasiblePlanError
         raise error(f"no valid plan on {spec.num_gpus} GPUs{' with ' + pinned if pinned else ''}: {why}")
     return out
+
+
+def framework_problems(spec: SpaceSpec, plan: ParallelPlan) -> list[str]:
+    """The target framework's export refusals of `plan`: the very function the exporters refuse
+    with (autopar.export.framework_refusals); empty under Megatron, whose rules are the validator's."""
+    if spec.framework == Framework.MEGATRON or spec.model_spec is None:
+        return []
+    from autopar.export import framework_refusals  # local: export imports the cost model
+
+    return framework_refusals(spec.model_spec, spec.num_gpus, plan)
+
+
+def plan_problems(spec: SpaceSpec, plan: ParallelPlan) -> list[str]:
+    """The search's whole filter for a plan it did not enumerate (the DP/ILP's refinements): the
+    plan validator, then the framework's refusals (a refined full(K) torchtitan cannot run)."""
+    return plan_violations(plan, **spec.validator_kwargs()) or framework_problems(spec, plan)
 
 
 def _why_empty(spec: SpaceSpec) -> str:
