@@ -100,9 +100,9 @@ def test_zero3_reduce_scatter_is_not_charged_twice():
     cluster = load_cluster("dgx-h100", 64)
     plan = ParallelPlan(global_batch=64, seq_len=8192, zero=3, framework="torchtitan")
     st = setup(LLAMA8, cluster, plan, P)
-    assert _dp_sync_s(8e9, 0.0, st, cluster, P, plan) == 0.0
+    assert _dp_sync_s(8e9, 0.0, st, cluster, P, plan) == (0.0, 0.0)
     zero1 = ParallelPlan(global_batch=64, seq_len=8192, zero=1)
-    assert _dp_sync_s(8e9, 0.0, setup(LLAMA8, cluster, zero1, P), cluster, P, zero1) > 0.0
+    assert _dp_sync_s(8e9, 0.0, setup(LLAMA8, cluster, zero1, P), cluster, P, zero1)[0] > 0.0
 
 
 def test_fsdp_exposed_time_equals_the_per_unit_sum_when_nothing_hides():
@@ -280,3 +280,26 @@ def test_estimate_json_carries_the_band_of_its_regime():
     assert d["tokens_per_s_per_gpu_low"] == pytest.approx(d["tokens_per_s_per_gpu"] * band.low_factor)
     assert d["tokens_per_s_per_gpu_high"] == pytest.approx(d["tokens_per_s_per_gpu"] * band.high_factor)
     assert d["tokens_per_s_per_gpu_low"] < d["tokens_per_s_per_gpu_high"]
+
+
+def test_zero2_reduce_scatters_every_microbatch_and_gathers_once():
+    """ZeRO-2 keeps only a gradient shard, so each microbatch's backward reduce-scatters its gradients
+    (Rajbhandari et al. 2020 §5.2); ZeRO-1 reduce-scatters the accumulated gradients once. Hand
+    check: the per-step parts are equal (one parameter all-gather) and ZeRO-2's per-microbatch part is
+    ZeRO-1's reduce-scatter."""
+    from autopar.cost.step import MAIN_GRAD_BYTES, estimate
+
+    cluster = load_cluster("dgx-h100", 64)
+    zero1 = ParallelPlan(global_batch=64, seq_len=8192, zero=1)
+    zero2 = ParallelPlan(global_batch=64, seq_len=8192, zero=2)
+    st1, st2 = setup(LLAMA8, cluster, zero1, P), setup(LLAMA8, cluster, zero2, P)
+    step1, per_mb1 = _dp_sync_s(8e9, 0.0, st1, cluster, P, zero1)
+    step2, per_mb2 = _dp_sync_s(8e9, 0.0, st2, cluster, P, zero2)
+    reduce_s = comm.reduce_scatter_s(8e9 * MAIN_GRAD_BYTES[zero1.framework], st1.dp_span, cluster, P)
+    assert per_mb1 == 0.0
+    assert per_mb2 == pytest.approx(reduce_s)
+    assert step1 == pytest.approx(step2 + reduce_s)
+    # With many microbatches ZeRO-2 cannot be faster than ZeRO-1 (same compute, more traffic).
+    e1 = estimate(LLAMA8, cluster, zero1, P)
+    e2 = estimate(LLAMA8, cluster, zero2, P)
+    assert e2.step_time_s >= e1.step_time_s

@@ -316,24 +316,30 @@ def rank_memory(rank: int, chunks: list[list[Layer]], graph: ModelGraph, plan: P
 
 
 def _dp_sync_s(dense: float, expert: float, st: StepSetup, cluster: Cluster, p: CostParams,
-               plan: ParallelPlan) -> float:
-    """Gradient reduction (reduce-scatter with a sharded optimizer, all-reduce without) plus the
-    parameter all-gather of ZeRO 1-2, over the dense DP group and the expert DP group. ZeRO-3/FSDP
-    reduce-scatters in every microbatch's backward and gathers in its forward: see
-    autopar.cost.fsdp, nothing is charged here a second time."""
+               plan: ParallelPlan) -> tuple[float, float]:
+    """(once per step, once per microbatch) data-parallel traffic over the dense and the expert DP
+    group. ZeRO 0: one gradient all-reduce per step; ZeRO 1: one reduce-scatter of the accumulated
+    gradients plus the parameter all-gather per step; ZeRO 2 keeps only its gradient shard, so
+    every microbatch's backward reduce-scatters its gradients (DeepSpeed ZeRO-2 and Megatron-FSDP
+    optim_grads reduce per micro-step; Rajbhandari et al. 2020 §5.2) and the parameter all-gather
+    stays once per step. ZeRO-3/FSDP: see autopar.cost.fsdp, nothing is charged here a second time."""
     if plan.zero >= 3:
-        return 0.0
+        return 0.0, 0.0
     g = MAIN_GRAD_BYTES[plan.framework]
-    t = 0.0
+    step = per_microbatch = 0.0
     for params, span in ((dense, st.dp_span), (expert, st.edp_span)):
         if span.size <= 1 or params <= 0:
             continue
         if plan.zero == 0:
-            t += comm.all_reduce_s(params * g, span, cluster, p)
+            step += comm.all_reduce_s(params * g, span, cluster, p)
+            continue
+        reduce_s = comm.reduce_scatter_s(params * g, span, cluster, p)
+        if plan.zero == 2:
+            per_microbatch += reduce_s
         else:
-            t += comm.reduce_scatter_s(params * g, span, cluster, p)
-            t += comm.all_gather_s(params * BF16_BYTES, span, cluster, p)
-    return t
+            step += reduce_s
+        step += comm.all_gather_s(params * BF16_BYTES, span, cluster, p)
+    return step, per_microbatch
 
 
 def _exposed_dp_s(sync_s: float, overlap_window_s: float, plan: ParallelPlan) -> float:
@@ -368,9 +374,10 @@ def estimate(graph: ModelGraph, cluster: Cluster, plan: ParallelPlan, p: CostPar
         comm_parts.append({k: sum(t[3][k] for t in times) for k in ("tp_comm", "cp_comm", "ep_comm")})
         mem, breakdown, dense, expert = rank_memory(r, chunks, graph, plan, st, p)
         opt_params = max(opt_params, dense / layout.dense_optimizer_shard + expert / layout.expert_optimizer_shard)
-        sync = _dp_sync_s(dense, expert, st, cluster, p, plan)
+        sync, sync_per_microbatch = _dp_sync_s(dense, expert, st, cluster, p, plan)
         slack = r * (b[-1] / plan.vpp)  # later ranks finish their last backward earlier
-        dp_exposed = max(dp_exposed, _exposed_dp_s(sync, b[-1], plan) - slack)
+        dp_exposed = max(dp_exposed, max(0.0, _exposed_dp_s(sync, b[-1], plan) - slack)
+                         + st.m * _exposed_dp_s(sync_per_microbatch, b[-1], plan))
         dp_exposed = max(dp_exposed, st.m * fsdp.exposed_per_microbatch_s(
             rank_layers(chunks, costs, plan), plan, st.dp_span, cluster, p))
         stage_rows.append(StageEstimate(rank=r, layers=tuple(sum(1 for x in ch if x.kind in ("dense", "moe"))
