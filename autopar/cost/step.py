@@ -11,7 +11,7 @@ group size, shard size, span and microbatch count comes from the plan's Layout
 from __future__ import annotations
 
 import math
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 
 from autopar.choices import DEFAULT_MEMORY_MARGIN  # noqa: F401 (the one margin; re-exported for its users)
 from autopar.cost import comm, fsdp, memory
@@ -176,6 +176,85 @@ def setup(graph: ModelGraph, cluster: Cluster, plan: ParallelPlan, p: CostParams
     return StepSetup(layout=layout, split=split)
 
 
+class StepMemo:
+    """What `estimate` works out per layer and per virtual stage, kept across the estimates of one
+    (graph, cluster, cost model) — the search prices hundreds of plans that share splits and
+    stages. Layers equal in everything but index and name share a class; a virtual stage is keyed
+    by its layers' classes and by every plan field its terms read, so a kept result is exactly the
+    one `estimate` would compute afresh (same inputs, same order of additions: bit-identical).
+    Not a second model: the entries are the very functions below, called once per key."""
+
+    def __init__(self, graph: ModelGraph, cluster: Cluster, p: CostParams) -> None:
+        self.graph, self.cluster, self.p = graph, cluster, p
+        classes: dict[Layer, int] = {}
+        self._layer_class = {id(x): classes.setdefault(replace(x, index=0, name=""), len(classes))
+                             for x in graph.layers}
+        self._key_to_layout: dict[tuple, Layout] = {}
+        self._key_to_stages: dict[tuple, list[list[Layer]]] = {}
+        self._id_to_signature: dict[int, tuple[list[Layer], tuple[int, ...]]] = {}
+        self._key_to_costs: dict[tuple, tuple[int, dict[str, LayerCost]]] = {}
+        self._key_to_stage: dict[tuple, object] = {}
+        self._key_to_flops: dict[tuple, float] = {}
+
+    def bound_to(self, graph: ModelGraph, cluster: Cluster, p: CostParams) -> bool:
+        return graph is self.graph and cluster is self.cluster and p is self.p
+
+    def layout(self, plan: ParallelPlan) -> Layout:
+        """The plan's Layout, cached by every plan field a Layout reads."""
+        key = (plan.tp, plan.pp, plan.cp, plan.ep, plan.expert_tp, plan.vpp, plan.mbs, plan.global_batch, plan.zero,
+               plan.zero_shard_size, plan.layers_per_stage, plan.framework)
+        layout = self._key_to_layout.get(key)
+        if layout is None:
+            layout = self._key_to_layout[key] = Layout.of(plan, self.cluster, self.graph)
+        return layout
+
+    def stages(self, layout: Layout) -> list[list[Layer]]:
+        """assign_layers of the layout's split, kept per split (callers only read the lists)."""
+        key = layout.stage_counts
+        hit = self._key_to_stages.get(key)
+        if hit is None:
+            hit = self._key_to_stages[key] = assign_layers(self.graph, layout)
+            for stage in hit:
+                self.signature(stage)
+        return hit
+
+    def signature(self, stage: list[Layer]) -> tuple[int, ...]:
+        """The classes of a stage's layers, in order (kept for the stage lists `stages` returns)."""
+        hit = self._id_to_signature.get(id(stage))
+        if hit is not None and hit[0] is stage:
+            return hit[1]
+        classes = self._layer_class
+        sig = tuple(classes[id(x)] for x in stage)
+        self._id_to_signature[id(stage)] = (stage, sig)  # holds the list: its id stays its own
+        return sig
+
+    def costs(self, stages: list[list[Layer]], st: StepSetup, plan: ParallelPlan, p: CostParams
+              ) -> tuple[int, dict[str, LayerCost]]:
+        """(number, layer_costs) of a split: the same for every plan with this split and spans."""
+        key = (st.split, st.spans, plan.tp_comm_overlap, plan.framework)
+        hit = self._key_to_costs.get(key)
+        if hit is None:  # the key stands in later keys as a small number (hashing a Split is not free)
+            hit = self._key_to_costs[key] = (len(self._key_to_costs), layer_costs(stages, st, self.cluster, p, plan))
+        return hit
+
+    def stage(self, kind: str, key: tuple, compute):
+        """`compute()` once per (kind, key)."""
+        key = (kind, *key)
+        hit = self._key_to_stage.get(key, _MISSING)
+        if hit is _MISSING:
+            hit = self._key_to_stage[key] = compute()
+        return hit
+
+    def flops(self, key: tuple, compute) -> float:
+        hit = self._key_to_flops.get(key)
+        if hit is None:
+            hit = self._key_to_flops[key] = compute()
+        return hit
+
+
+_MISSING = object()
+
+
 def layer_costs(stages: list[list[Layer]], st: StepSetup, cluster: Cluster, p: CostParams,
                  plan: ParallelPlan) -> dict[str, LayerCost]:
     """Cost of each distinct layer (all dense decoders are alike, all MoE decoders are alike)."""
@@ -277,21 +356,32 @@ def stage_activation_bytes(stage: list[Layer], plan: ParallelPlan, tokens: float
 
 
 def rank_memory(rank: int, chunks: list[list[Layer]], graph: ModelGraph, plan: ParallelPlan, st: StepSetup,
-                 p: CostParams) -> tuple[float, dict[str, float], float, float]:
+                 p: CostParams, memo: StepMemo | None = None) -> tuple[float, dict[str, float], float, float]:
     """(peak bytes, breakdown, dense params, expert params) of one pipeline rank. The peak is the
     larger of two phases (not a sum of per-phase maxima): forward/backward (resident model states,
     activations in flight, the recompute and loss transients, gathered ZeRO-3 weights) and the
-    optimizer step (weights, all gradients, optimizer state)."""
+    optimizer step (weights, all gradients, optimizer state). `memo` (StepMemo) reuses stages'
+    parameters and activations across plans; the numbers are the same without it."""
     p = for_framework(p, plan.framework)
     layout = st.layout
     tied_copy = layout.tied_embedding_copy and rank == layout.pp - 1
     dense = expert = largest = 0.0
     saved = []
     work = 0.0
+    r = plan.recompute
+    acts_key = (st.split.tokens, plan.seq_len, plan.tp, plan.sequence_parallel, plan.framework, plan.precision,
+                r.mode, r.num_layers, r.modules)
     for i, chunk in enumerate(chunks):
-        d, e, big = stage_params(chunk, plan, tied_copy and i == len(chunks) - 1, graph.layers[0])
+        tied = tied_copy and i == len(chunks) - 1
+        if memo is None:
+            d, e, big = stage_params(chunk, plan, tied, graph.layers[0])
+            s, w = stage_activation_bytes(chunk, plan, st.split.tokens)
+        else:
+            sig = memo.signature(chunk)
+            d, e, big = memo.stage("params", (sig, plan.tp, plan.ep, plan.expert_tp, tied),
+                                   lambda: stage_params(chunk, plan, tied, graph.layers[0]))
+            s, w = memo.stage("acts", (sig, *acts_key), lambda: stage_activation_bytes(chunk, plan, st.split.tokens))
         dense, expert, largest = dense + d, expert + e, max(largest, big)
-        s, w = stage_activation_bytes(chunk, plan, st.split.tokens)
         saved.append(s)
         work = max(work, w)
     states = memory.model_state_bytes(dense, plan.framework, plan.zero, layout.dense_shard)
@@ -355,31 +445,37 @@ def rank_chunks(stages: list[list[Layer]], layout: Layout) -> list[list[list[Lay
 
 
 def estimate(graph: ModelGraph, cluster: Cluster, plan: ParallelPlan, p: CostParams,
-             memory_margin: float = DEFAULT_MEMORY_MARGIN) -> Estimate:
+             memory_margin: float = DEFAULT_MEMORY_MARGIN, memo: StepMemo | None = None) -> Estimate:
     """Score one plan (assumed valid: see autopar.cost.layout.check_layout); it fits when its peak
-    rank is within usable_memory_bytes(HBM, memory_margin)."""
+    rank is within usable_memory_bytes(HBM, memory_margin). `memo`: a StepMemo of the same graph,
+    cluster and cost model, shared by the estimates of a search (same numbers, computed once)."""
+    if memo is None or not memo.bound_to(graph, cluster, p):
+        memo = StepMemo(graph, cluster, p)
     p = for_framework(p, plan.framework)
-    st = setup(graph, cluster, plan, p)
+    st = setup(graph, cluster, plan, p, memo.layout(plan))
     layout = st.layout
-    stages = assign_layers(graph, layout)
-    costs = layer_costs(stages, st, cluster, p, plan)
+    stages = memo.stages(layout)
+    costs_key, costs = memo.costs(stages, st, plan, p)
     ranks = rank_chunks(stages, layout)
+    rec_key = (costs_key, plan.recompute.mode, plan.recompute.num_layers, plan.recompute.modules)
     f, b, rec, comm_parts, stage_rows, dp_exposed = [], [], [], [], [], 0.0
     opt_params = 0.0
     for r, chunks in enumerate(ranks):
-        times = [stage_time(chunk, costs, plan) for chunk in chunks]
+        times = [memo.stage("time", (memo.signature(chunk), *rec_key), lambda: stage_time(chunk, costs, plan))
+                 for chunk in chunks]
         f.append(sum(t[0] for t in times))
         b.append(sum(t[1] for t in times))
         rec.append(sum(t[2] for t in times))
         comm_parts.append({k: sum(t[3][k] for t in times) for k in ("tp_comm", "cp_comm", "ep_comm")})
-        mem, breakdown, dense, expert = rank_memory(r, chunks, graph, plan, st, p)
+        mem, breakdown, dense, expert = rank_memory(r, chunks, graph, plan, st, p, memo)
         opt_params = max(opt_params, dense / layout.dense_optimizer_shard + expert / layout.expert_optimizer_shard)
         sync, sync_per_microbatch = _dp_sync_s(dense, expert, st, cluster, p, plan)
         slack = r * (b[-1] / plan.vpp)  # later ranks finish their last backward earlier
         dp_exposed = max(dp_exposed, max(0.0, _exposed_dp_s(sync, b[-1], plan) - slack)
                          + st.m * _exposed_dp_s(sync_per_microbatch, b[-1], plan))
         dp_exposed = max(dp_exposed, st.m * fsdp.exposed_per_microbatch_s(
-            rank_layers(chunks, costs, plan), plan, st.dp_span, cluster, p))
+            memo.stage("rank_layers", (tuple(map(memo.signature, chunks)), *rec_key),
+                       lambda: rank_layers(chunks, costs, plan)), plan, st.dp_span, cluster, p))
         stage_rows.append(StageEstimate(rank=r, layers=tuple(sum(1 for x in ch if x.kind in ("dense", "moe"))
                                                              for ch in chunks),
                                         fwd_s=f[-1], bwd_s=b[-1], recompute_s=rec[-1], params=dense + expert,
@@ -401,16 +497,18 @@ def estimate(graph: ModelGraph, cluster: Cluster, plan: ParallelPlan, p: CostPar
         "bubble": pipe_s - busy,
         "optimizer": optimizer_s,
     }
-    return _summarize(graph, cluster, plan, st, step_s, breakdown_s, stage_rows, rec, memory_margin)
+    return _summarize(graph, cluster, plan, st, step_s, breakdown_s, stage_rows, rec, memory_margin, memo)
 
 
 def _summarize(graph: ModelGraph, cluster: Cluster, plan: ParallelPlan, st: StepSetup, step_s: float,
                breakdown_s: dict[str, float], stage_rows: list[StageEstimate], rec: list[float],
-               memory_margin: float) -> Estimate:
+               memory_margin: float, memo: StepMemo) -> Estimate:
     n = cluster.num_gpus
     tokens = plan.global_batch * plan.seq_len
-    model_flops = graph.model_flops_per_token(plan.seq_len, causal=True) * tokens
-    recompute_flops = _recompute_flops(graph, plan) * tokens
+    model_flops = memo.flops((plan.seq_len,), lambda: graph.model_flops_per_token(plan.seq_len, causal=True)) * tokens
+    r = plan.recompute
+    recompute_flops = memo.flops((plan.seq_len, r.mode, r.num_layers, r.modules, plan.pp, plan.vpp),
+                                 lambda: _recompute_flops(graph, plan)) * tokens
     peak_row = max(stage_rows, key=lambda row: row.memory_bytes)
     capacity = cluster.hbm_bytes
     usable = usable_memory_bytes(capacity, memory_margin)

@@ -27,7 +27,7 @@ Conventions
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from functools import cached_property
 
 from autopar.schema.model import ModelSpec
@@ -125,40 +125,30 @@ class Layer:
     top_k: int = 0
     num_experts: int = 0
 
-    @property
-    def params(self) -> int:
-        return sum(g.params for g in self.gemms) + self.other_params_tp + self.other_params_replicated
+    # Derived once at construction (the cost model reads them for every layer of every plan):
+    params: int = field(init=False, repr=False, compare=False)  # all weights
+    params_expert: int = field(init=False, repr=False, compare=False)  # routed experts: / (ep·etp) on one GPU
+    params_tp: int = field(init=False, repr=False, compare=False)  # / tp: col/row/vocab matrices, col biases
+    params_replicated: int = field(init=False, repr=False, compare=False)  # whole on every TP rank
+    active_params: int = field(init=False, repr=False, compare=False)  # touched by one token
+    matmul_flops_per_token: float = field(init=False, repr=False, compare=False)
 
-    @property
-    def params_expert(self) -> int:
-        """Routed-expert weights: divided by ep·etp on one GPU."""
-        return sum(g.params for g in self.gemms if g.is_expert)
-
-    @property
-    def params_tp(self) -> int:
-        """Weights divided by tp: column/row/vocab-parallel matrices and column-parallel biases."""
-        total = self.other_params_tp
+    def __post_init__(self) -> None:
+        """params_tp: column/row/vocab-parallel matrices and column-parallel biases (row biases are
+        replicated); params_replicated: norms, routers, low-rank down-projections, row biases;
+        active_params: routed experts count top_k of num_experts."""
+        params = sum(g.params for g in self.gemms) + self.other_params_tp + self.other_params_replicated
+        expert = sum(g.params for g in self.gemms if g.is_expert)
+        tp = self.other_params_tp
         for g in self.gemms:
             if g.tied or g.split not in ("col", "row", "vocab"):
                 continue
-            total += g.n * g.k + (g.n if g.bias and g.split != "row" else 0)
-        return total
-
-    @property
-    def params_replicated(self) -> int:
-        """Weights every TP rank holds whole: norms, routers, low-rank down-projections, row biases."""
-        return self.params - self.params_expert - self.params_tp
-
-    @property
-    def active_params(self) -> int:
-        """Parameters touched by one token: routed experts count top_k of num_experts."""
-        if not self.num_experts:
-            return self.params
-        return self.params - self.params_expert + self.params_expert * self.top_k // self.num_experts
-
-    @property
-    def matmul_flops_per_token(self) -> float:
-        return sum(g.flops_per_token for g in self.gemms)
+            tp += g.n * g.k + (g.n if g.bias and g.split != "row" else 0)
+        active = params if not self.num_experts else params - expert + expert * self.top_k // self.num_experts
+        for name, value in (("params", params), ("params_expert", expert), ("params_tp", tp),
+                            ("params_replicated", params - expert - tp), ("active_params", active),
+                            ("matmul_flops_per_token", sum(g.flops_per_token for g in self.gemms))):
+            object.__setattr__(self, name, value)
 
     def attended_keys(self, seq_len: int, causal: bool = True) -> float:
         """Mean keys one query attends to in this layer (see attended_keys_per_query)."""

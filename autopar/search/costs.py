@@ -39,7 +39,10 @@ from autopar.cost.layout import Layout
 from autopar.cost.params import CostParams, for_framework
 from autopar.cost.pipeline import pipeline_step_s
 from autopar.cost.step import (
+    Estimate,
+    StepMemo,
     assign_layers,
+    estimate,
     rank_chunks,
     rank_memory,
     setup,
@@ -172,39 +175,43 @@ class Pricer:
         self._key_to_extremes: dict[tuple, list[float]] = {}
         self._key_to_params: dict[tuple, tuple[float, float]] = {}
         self._key_to_bound: dict[tuple, float] = {}
-        self._key_to_prefixes: dict[tuple, tuple] = {}
-        self._key_to_layout: dict[tuple, Layout] = {}
+        self._key_to_prefixes: dict[tuple, object] = {}  # keyed by id(table): tables live as long as the Pricer
+        self._key_to_bounds: dict[tuple, tuple[np.ndarray, np.ndarray]] = {}
+        self.memo = StepMemo(graph, cluster, p)  # the estimates of this search share it
 
     def layout(self, plan: ParallelPlan) -> Layout:
         """The plan's Layout on this cluster (the one source of dp, shards, spans and the split),
         cached by what a Layout depends on."""
-        key = (plan.tp, plan.pp, plan.cp, plan.ep, plan.expert_tp, plan.vpp, plan.mbs, plan.global_batch, plan.zero,
-               plan.zero_shard_size, plan.layers_per_stage, plan.framework)
-        layout = self._key_to_layout.get(key)
-        if layout is None:
-            layout = self._key_to_layout[key] = Layout.of(plan, self.cluster, self.graph)
-        return layout
+        return self.memo.layout(plan)
 
-    def table(self, plan: ParallelPlan) -> LayerTable:
-        key = split_key(plan)
-        if key not in self._key_to_table:
-            self._key_to_table[key] = layer_table(self.graph, self.cluster, as_plan(plan), self.p)
-        return self._key_to_table[key]
+    def estimate(self, plan: ParallelPlan, memory_margin: float) -> Estimate:
+        """`autopar.cost.step.estimate` of `plan`, sharing this search's StepMemo."""
+        return estimate(self.graph, self.cluster, plan, self.p, memory_margin, self.memo)
+
+    def table(self, plan: ParallelPlan, key: tuple | None = None) -> LayerTable:
+        """The LayerTable of the plan's split (`key`: its split_key, when the caller has it)."""
+        key = key or split_key(plan)
+        hit = self._key_to_table.get(key)
+        if hit is None:
+            hit = self._key_to_table[key] = layer_table(self.graph, self.cluster, as_plan(plan), self.p)
+        return hit
 
     def time_lower_bound_s(self, plan: ParallelPlan) -> float:
         """≤ estimate(plan).step_time_s: the estimate's own pipeline closed form over the exact
         per-rank forward + backward (+ recompute) sums, plus p2p; DP sync and optimizer left out.
         The same for every ZeRO stage (it prices no DP or optimizer term), so cached without it."""
         r = plan.recompute
-        key = (split_key(plan), r.mode, r.num_layers, plan.pp, plan.vpp, plan.layers_per_stage, plan.global_batch)
-        if key not in self._key_to_bound:
-            self._key_to_bound[key] = self._time_lower_bound_s(plan)
-        return self._key_to_bound[key]
+        split = split_key(plan)
+        key = (split, r.mode, r.num_layers, plan.pp, plan.vpp, plan.layers_per_stage, plan.global_batch)
+        hit = self._key_to_bound.get(key)
+        if hit is None:
+            hit = self._key_to_bound[key] = self._time_lower_bound_s(plan, split)
+        return hit
 
-    def _time_lower_bound_s(self, plan: ParallelPlan) -> float:
-        ranks = self._rank_times(plan)
+    def _time_lower_bound_s(self, plan: ParallelPlan, split: tuple) -> float:
+        ranks = self._rank_times(plan, split)
         layout = self.layout(plan)
-        p2p_s = self.table(plan).p2p_s[layout.pp_crosses_nodes] if plan.pp > 1 else 0.0
+        p2p_s = self.table(plan, split).p2p_s[layout.pp_crosses_nodes] if plan.pp > 1 else 0.0
         pipe, p2p = pipeline_step_s(ranks, [0.0] * len(ranks), layout.num_microbatches, plan.vpp, p2p_s)
         return pipe + p2p
 
@@ -232,23 +239,43 @@ class Pricer:
         total = self.table(plan).time_sums["fb"]
         return total / plan.mbs * plan.global_batch * plan.tp * plan.cp / self.layout(plan).num_gpus
 
-    def _rank_times(self, plan: ParallelPlan) -> list[float]:
+    def _rank_times(self, plan: ParallelPlan, split: tuple | None = None) -> list[float]:
         """Forward + backward + recompute per microbatch of each pipeline rank. A full(K)
         plan is charged the cheapest decoder's recompute for min(K, layers) layers of each stage."""
         r = plan.recompute
-        key = (split_key(plan), r.mode, r.num_layers, plan.pp, plan.vpp, plan.layers_per_stage)
-        if key not in self._key_to_extremes:
-            t = self.table(plan)
+        split = split or split_key(plan)
+        key = (split, r.mode, r.num_layers, plan.pp, plan.vpp, plan.layers_per_stage)
+        hit = self._key_to_extremes.get(key)
+        if hit is None:
+            t = self.table(plan, split)
             uniform = r.mode != RecomputeMode.FULL or r.num_layers is None
-            prefix = np.concatenate(([0.0], np.cumsum(t.fb_s + (t.recompute_s[r.mode] if uniform else 0.0))))
+            prefix = self._time_prefix(t, r.mode if uniform else None)
             counts = self.layout(plan).stage_counts
-            lo, hi = np.array(stage_bounds(len(t.fb_s), counts, int(np.argmax(t.is_decoder)))).T
+            lo, hi = self._stage_bounds(t, counts)
             stage = prefix[hi] - prefix[lo]
             if not uniform:
                 stage = stage + t.time_sums["full_per_layer"] * np.minimum(np.array(counts), r.num_layers)
             ranks = stage.reshape(plan.vpp, plan.pp).sum(axis=0)
-            self._key_to_extremes[key] = ranks.tolist()
-        return self._key_to_extremes[key]
+            hit = self._key_to_extremes[key] = ranks.tolist()
+        return hit
+
+    def _time_prefix(self, t: LayerTable, mode: str | None) -> np.ndarray:
+        """[0, cumulative forward + backward (+ `mode`'s recompute; None: none)] over the table's layers."""
+        key = (id(t), mode)
+        hit = self._key_to_prefixes.get(key)
+        if hit is None:
+            hit = self._key_to_prefixes[key] = np.concatenate(
+                ([0.0], np.cumsum(t.fb_s + (t.recompute_s[mode] if mode is not None else 0.0))))
+        return hit
+
+    def _stage_bounds(self, t: LayerTable, counts: tuple[int, ...]) -> tuple[np.ndarray, np.ndarray]:
+        """(lo, hi) index arrays of stage_bounds for the table's layers and a split."""
+        key = (len(t.fb_s), counts)
+        hit = self._key_to_bounds.get(key)
+        if hit is None:
+            lo, hi = np.array(stage_bounds(len(t.fb_s), counts, int(np.argmax(t.is_decoder)))).T
+            hit = self._key_to_bounds[key] = (lo, hi)
+        return hit
 
     def quick_memory_lower_bound_bytes(self, plan: ParallelPlan) -> float:
         """O(1) bound: the mean rank's model states plus one microbatch of its saved activations,
@@ -300,7 +327,7 @@ class Pricer:
             return self.quick_memory_lower_bound_bytes(plan)
         t = self.table(plan)
         layout = self.layout(plan)
-        lo, hi = np.array(stage_bounds(len(t.fb_s), layout.stage_counts, int(np.argmax(t.is_decoder)))).T
+        lo, hi = self._stage_bounds(t, layout.stage_counts)
         dense, expert, saved = self._prefixes(t, r.mode)
         work = t.work_bytes[r.mode]
         per_dense, per_expert = self._state_bytes_per_param(plan)
@@ -315,7 +342,7 @@ class Pricer:
         return memory.with_overheads(out, p.cuda_context_bytes, p.comm_buffer_bytes, p.fragmentation)
 
     def _prefixes(self, t: LayerTable, mode: str) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
-        key = (id(t), mode)
+        key = (id(t), mode, "memory")
         if key not in self._key_to_prefixes:
             def prefix(a):
                 return np.concatenate(([0.0], np.cumsum(a)))

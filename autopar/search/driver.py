@@ -34,7 +34,7 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 
 from autopar.cost.params import CostParams
-from autopar.cost.step import DEFAULT_MEMORY_MARGIN, Estimate, estimate, usable_memory_bytes
+from autopar.cost.step import DEFAULT_MEMORY_MARGIN, Estimate, usable_memory_bytes
 from autopar.errors import NoFeasiblePlanError
 from autopar.hardware import Cluster
 from autopar.inputs import load_cluster, load_model, resolve_cost_model
@@ -110,8 +110,8 @@ class _Walk:
     best: list[tuple[float, tuple, ParallelPlan, Estimate]] = field(default_factory=list)
     family_to_s: dict[tuple, float] = field(default_factory=dict)
     family_to_members: dict[tuple, list[tuple[tuple, float]]] = field(default_factory=dict)  # (simplicity, s)
-    visited: list[tuple[float, tuple, ParallelPlan]] = field(default_factory=list)
-    shortfalls: list[tuple[float, ParallelPlan, bool]] = field(default_factory=list)  # (bytes over, plan, exact)
+    visited: list[tuple[float, tuple, object]] = field(default_factory=list)  # (bound, key, Draft or plan)
+    shortfalls: list[tuple[float, object, bool]] = field(default_factory=list)  # (bytes over, Draft or plan, exact)
     seen: set = field(default_factory=set)
     scored: int = 0
     feasible: int = 0
@@ -325,17 +325,18 @@ def _nest(bases: list, pricer: Pricer) -> tuple[dict[tuple, dict[tuple, dict[tup
 
 
 def _visit(draft, bound: float, key: tuple, pricer: Pricer, walk: _Walk, memory_margin: float) -> Estimate | None:
-    """Memory bounds, then `estimate`; the estimate when the plan was priced."""
-    plan = draft.to_plan()
-    walk.visited.append((bound, key, plan))
-    low = pricer.quick_memory_lower_bound_bytes(plan)
+    """Memory bounds (on the draft: most visits end here), then `estimate` of the validated plan;
+    the estimate when the plan was priced."""
+    walk.visited.append((bound, key, draft))
+    low = pricer.quick_memory_lower_bound_bytes(draft)
     if low <= walk.capacity_bytes:  # (the table bound nearly always equals the exact rank memory: no graph walk)
-        low = pricer.rank_memory_lower_bound_bytes(plan)
+        low = pricer.rank_memory_lower_bound_bytes(draft)
     if low > walk.capacity_bytes:
         walk.pruned_memory += 1
-        walk.shortfalls.append((low - walk.capacity_bytes, plan, False))
+        walk.shortfalls.append((low - walk.capacity_bytes, draft, False))
         return None
-    est = estimate(pricer.graph, pricer.cluster, plan, pricer.p, memory_margin)
+    plan = as_plan(draft)
+    est = pricer.estimate(plan, memory_margin)
     walk.scored += 1
     if est.fits:
         walk.feasible += 1
@@ -349,13 +350,14 @@ def _refine(spec: SpaceSpec, pricer: Pricer, walk: _Walk, memory_margin: float, 
     """DP partition (vpp = 1, pp > 1) and ILP recompute on the best visited candidates (by bound)
     that could fit with full recompute and whose no-recompute bound can still beat the K-th best."""
     if walk.best:
-        pool = [x for _, _, x in walk.visited if x.recompute.mode != RecomputeMode.FULL]
+        pool = [x for _, _, x in walk.visited if x.recompute.mode != RecomputeMode.FULL]  # drafts or plans
     else:  # nothing fits yet: try the candidates closest to fitting
-        pool = [as_plan(x) for _, x, _ in sorted(walk.shortfalls, key=lambda t: (t[0], plan_key(t[1])))]
+        pool = [x for _, x, _ in sorted(walk.shortfalls, key=lambda t: (t[0], plan_key(t[1])))]
     limit, done = max(REFINE_POOL, walk.top), 0
-    for plan in pool:
+    for draft in pool:
         if done >= limit:
             break
+        plan = as_plan(draft)
         if not _worth_refining(plan, pricer, walk):
             continue
         done += 1
@@ -408,7 +410,7 @@ def _score_refined(spec: SpaceSpec, pricer: Pricer, walk: _Walk, plan: ParallelP
         return
     max_k = max(pricer.layout(plan).stage_counts)
     while True:
-        est = estimate(pricer.graph, pricer.cluster, plan, pricer.p, memory_margin)
+        est = pricer.estimate(plan, memory_margin)
         walk.refined += 1
         if est.fits:
             walk.add(plan, est)
@@ -429,7 +431,7 @@ def _nothing_fits_message(spec: SpaceSpec, pricer: Pricer, walk: _Walk, memory_m
         if best is not None and (short, key) >= best[:2]:
             break
         if not is_exact:
-            est = estimate(pricer.graph, pricer.cluster, as_plan(plan), pricer.p, memory_margin)
+            est = pricer.estimate(as_plan(plan), memory_margin)
             short = est.peak_memory_bytes - walk.capacity_bytes
         if best is None or (short, key) < best[:2]:
             best = (short, key, plan)
