@@ -191,7 +191,8 @@ class StepMemo:
                              for x in graph.layers}
         self._key_to_layout: dict[tuple, Layout] = {}
         self._key_to_stages: dict[tuple, list[list[Layer]]] = {}
-        self._id_to_signature: dict[int, tuple[list[Layer], tuple[int, ...]]] = {}
+        self._key_to_ranks: dict[tuple, list[list[list[Layer]]]] = {}
+        self._id_to_signature: dict[int, tuple[list, tuple]] = {}
         self._key_to_costs: dict[tuple, tuple[int, dict[str, LayerCost]]] = {}
         self._key_to_stage: dict[tuple, object] = {}
         self._key_to_flops: dict[tuple, float] = {}
@@ -217,6 +218,23 @@ class StepMemo:
             for stage in hit:
                 self.signature(stage)
         return hit
+
+    def ranks(self, layout: Layout) -> list[list[list[Layer]]]:
+        """rank_chunks of the layout's split, kept per split and pipeline shape."""
+        key = (layout.stage_counts, layout.pp, layout.vpp)
+        hit = self._key_to_ranks.get(key)
+        if hit is None:
+            hit = self._key_to_ranks[key] = rank_chunks(self.stages(layout), layout)
+        return hit
+
+    def rank_signature(self, chunks: list[list[Layer]]) -> tuple[tuple[int, ...], ...]:
+        """The signatures of a pipeline rank's chunks (kept for the lists `ranks` returns)."""
+        hit = self._id_to_signature.get(id(chunks))
+        if hit is not None and hit[0] is chunks:
+            return hit[1]
+        sig = tuple(map(self.signature, chunks))
+        self._id_to_signature[id(chunks)] = (chunks, sig)
+        return sig
 
     def signature(self, stage: list[Layer]) -> tuple[int, ...]:
         """The classes of a stage's layers, in order (kept for the stage lists `stages` returns)."""
@@ -355,6 +373,32 @@ def stage_activation_bytes(stage: list[Layer], plan: ParallelPlan, tokens: float
     return saved, work
 
 
+def _rank_contents(chunks: list[list[Layer]], graph: ModelGraph, plan: ParallelPlan, tokens: float, tied_copy: bool,
+                   memo: StepMemo | None) -> tuple[float, float, float, tuple[float, ...], float]:
+    """(dense params, expert params, largest layer, saved bytes per chunk, largest working bytes)
+    of a pipeline rank's chunks: stage_params and stage_activation_bytes of each (`tied_copy`: the
+    last chunk also holds the word embedding)."""
+    dense = expert = largest = work = 0.0
+    saved = []
+    r = plan.recompute
+    acts_key = (tokens, plan.seq_len, plan.tp, plan.sequence_parallel, plan.framework, plan.precision, r.mode,
+                r.num_layers, r.modules)
+    for i, chunk in enumerate(chunks):
+        tied = tied_copy and i == len(chunks) - 1
+        if memo is None:
+            d, e, big = stage_params(chunk, plan, tied, graph.layers[0])
+            s, w = stage_activation_bytes(chunk, plan, tokens)
+        else:
+            sig = memo.signature(chunk)
+            d, e, big = memo.stage("params", (sig, plan.tp, plan.ep, plan.expert_tp, tied),
+                                   lambda: stage_params(chunk, plan, tied, graph.layers[0]))
+            s, w = memo.stage("acts", (sig, *acts_key), lambda: stage_activation_bytes(chunk, plan, tokens))
+        dense, expert, largest = dense + d, expert + e, max(largest, big)
+        saved.append(s)
+        work = max(work, w)
+    return dense, expert, largest, tuple(saved), work
+
+
 def rank_memory(rank: int, chunks: list[list[Layer]], graph: ModelGraph, plan: ParallelPlan, st: StepSetup,
                  p: CostParams, memo: StepMemo | None = None) -> tuple[float, dict[str, float], float, float]:
     """(peak bytes, breakdown, dense params, expert params) of one pipeline rank. The peak is the
@@ -365,25 +409,14 @@ def rank_memory(rank: int, chunks: list[list[Layer]], graph: ModelGraph, plan: P
     p = for_framework(p, plan.framework)
     layout = st.layout
     tied_copy = layout.tied_embedding_copy and rank == layout.pp - 1
-    dense = expert = largest = 0.0
-    saved = []
-    work = 0.0
-    r = plan.recompute
-    acts_key = (st.split.tokens, plan.seq_len, plan.tp, plan.sequence_parallel, plan.framework, plan.precision,
-                r.mode, r.num_layers, r.modules)
-    for i, chunk in enumerate(chunks):
-        tied = tied_copy and i == len(chunks) - 1
-        if memo is None:
-            d, e, big = stage_params(chunk, plan, tied, graph.layers[0])
-            s, w = stage_activation_bytes(chunk, plan, st.split.tokens)
-        else:
-            sig = memo.signature(chunk)
-            d, e, big = memo.stage("params", (sig, plan.tp, plan.ep, plan.expert_tp, tied),
-                                   lambda: stage_params(chunk, plan, tied, graph.layers[0]))
-            s, w = memo.stage("acts", (sig, *acts_key), lambda: stage_activation_bytes(chunk, plan, st.split.tokens))
-        dense, expert, largest = dense + d, expert + e, max(largest, big)
-        saved.append(s)
-        work = max(work, w)
+    if memo is None:
+        dense, expert, largest, saved, work = _rank_contents(chunks, graph, plan, st.split.tokens, tied_copy, None)
+    else:
+        r = plan.recompute
+        key = (memo.rank_signature(chunks), tied_copy, plan.tp, plan.ep, plan.expert_tp, st.split.tokens, plan.seq_len,
+               plan.sequence_parallel, plan.framework, plan.precision, r.mode, r.num_layers, r.modules)
+        dense, expert, largest, saved, work = memo.stage(
+            "rank_contents", key, lambda: _rank_contents(chunks, graph, plan, st.split.tokens, tied_copy, memo))
     states = memory.model_state_bytes(dense, plan.framework, plan.zero, layout.dense_shard)
     expert_states = memory.model_state_bytes(expert, plan.framework, plan.zero, layout.expert_shard)
     states = {k: states[k] + expert_states[k] for k in states}
@@ -439,6 +472,17 @@ def _exposed_dp_s(sync_s: float, overlap_window_s: float, plan: ParallelPlan) ->
     return max(sync_s / GRAD_BUCKETS, sync_s - overlap_window_s)
 
 
+def _rank_time(chunks: list[list[Layer]], costs: dict[str, LayerCost], plan: ParallelPlan, memo: StepMemo,
+               rec_key: tuple) -> tuple[float, float, float, dict[str, float], tuple[int, ...]]:
+    """(fwd, bwd, recompute, comm parts, decoder layers per chunk) of one pipeline rank for one
+    microbatch: the stage_time of its chunks, summed."""
+    times = [memo.stage("time", (memo.signature(chunk), *rec_key), lambda: stage_time(chunk, costs, plan))
+             for chunk in chunks]
+    parts = {k: sum(t[3][k] for t in times) for k in ("tp_comm", "cp_comm", "ep_comm")}
+    decoders = tuple(sum(1 for x in chunk if x.kind in ("dense", "moe")) for chunk in chunks)
+    return sum(t[0] for t in times), sum(t[1] for t in times), sum(t[2] for t in times), parts, decoders
+
+
 def rank_chunks(stages: list[list[Layer]], layout: Layout) -> list[list[list[Layer]]]:
     """The virtual stages each pipeline rank holds (Layout.rank_stages), in execution order."""
     return [[stages[i] for i in layout.rank_stages(r)] for r in range(layout.pp)]
@@ -456,17 +500,18 @@ def estimate(graph: ModelGraph, cluster: Cluster, plan: ParallelPlan, p: CostPar
     layout = st.layout
     stages = memo.stages(layout)
     costs_key, costs = memo.costs(stages, st, plan, p)
-    ranks = rank_chunks(stages, layout)
+    ranks = memo.ranks(layout)
     rec_key = (costs_key, plan.recompute.mode, plan.recompute.num_layers, plan.recompute.modules)
     f, b, rec, comm_parts, stage_rows, dp_exposed = [], [], [], [], [], 0.0
     opt_params = 0.0
     for r, chunks in enumerate(ranks):
-        times = [memo.stage("time", (memo.signature(chunk), *rec_key), lambda: stage_time(chunk, costs, plan))
-                 for chunk in chunks]
-        f.append(sum(t[0] for t in times))
-        b.append(sum(t[1] for t in times))
-        rec.append(sum(t[2] for t in times))
-        comm_parts.append({k: sum(t[3][k] for t in times) for k in ("tp_comm", "cp_comm", "ep_comm")})
+        rank_key = (memo.rank_signature(chunks), *rec_key)
+        fwd_s, bwd_s, rec_s, parts, decoders = memo.stage("rank_time", rank_key,
+                                                          lambda: _rank_time(chunks, costs, plan, memo, rec_key))
+        f.append(fwd_s)
+        b.append(bwd_s)
+        rec.append(rec_s)
+        comm_parts.append(parts)
         mem, breakdown, dense, expert = rank_memory(r, chunks, graph, plan, st, p, memo)
         opt_params = max(opt_params, dense / layout.dense_optimizer_shard + expert / layout.expert_optimizer_shard)
         sync, sync_per_microbatch = _dp_sync_s(dense, expert, st, cluster, p, plan)
@@ -474,10 +519,9 @@ def estimate(graph: ModelGraph, cluster: Cluster, plan: ParallelPlan, p: CostPar
         dp_exposed = max(dp_exposed, max(0.0, _exposed_dp_s(sync, b[-1], plan) - slack)
                          + st.m * _exposed_dp_s(sync_per_microbatch, b[-1], plan))
         dp_exposed = max(dp_exposed, st.m * fsdp.exposed_per_microbatch_s(
-            memo.stage("rank_layers", (tuple(map(memo.signature, chunks)), *rec_key),
-                       lambda: rank_layers(chunks, costs, plan)), plan, st.dp_span, cluster, p))
-        stage_rows.append(StageEstimate(rank=r, layers=tuple(sum(1 for x in ch if x.kind in ("dense", "moe"))
-                                                             for ch in chunks),
+            memo.stage("rank_layers", rank_key, lambda: rank_layers(chunks, costs, plan)), plan, st.dp_span, cluster,
+            p))
+        stage_rows.append(StageEstimate(rank=r, layers=decoders,
                                         fwd_s=f[-1], bwd_s=b[-1], recompute_s=rec[-1], params=dense + expert,
                                         memory_bytes=mem, memory_breakdown_bytes=breakdown))
     p2p_bytes = st.split.tokens * graph.spec.hidden_size * BF16_BYTES / (plan.tp if plan.sequence_parallel else 1)

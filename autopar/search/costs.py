@@ -289,11 +289,15 @@ class Pricer:
 
     def _state_bytes_per_param(self, plan: ParallelPlan) -> tuple[float, float]:
         """Bytes of weights + grads + optimizer per local dense / expert parameter, sharded over the
-        layout's dense and expert ZeRO groups."""
-        key = (plan.tp, plan.cp, plan.pp, plan.ep, plan.expert_tp, plan.zero, plan.zero_shard_size, plan.framework)
-        if key not in self._key_to_states:
-            self._key_to_states[key] = state_bytes_per_param(self.layout(plan), plan)
-        return self._key_to_states[key]
+        layout's dense and expert ZeRO groups. Keyed by the microbatch count too: FSDP2 keeps its
+        gradients at the peak only when several microbatches accumulate (memory.resident_state_bytes)."""
+        layout = self.layout(plan)
+        key = (plan.tp, plan.cp, plan.pp, plan.ep, plan.expert_tp, plan.zero, plan.zero_shard_size, plan.framework,
+               layout.num_microbatches)
+        hit = self._key_to_states.get(key)
+        if hit is None:
+            hit = self._key_to_states[key] = state_bytes_per_param(layout, plan)
+        return hit
 
     def param_sums(self, plan: ParallelPlan) -> tuple[float, float]:
         """(dense, routed-expert) parameters on one GPU summed over the whole graph, by the
@@ -307,8 +311,9 @@ class Pricer:
 
     def states_lower_bound_bytes(self, plan: ParallelPlan) -> float:
         """The mean rank's model states (weights, grads, optimizer after ZeRO) with the estimate's
-        overheads, no activations: ≤ quick_memory_lower_bound_bytes, and the same for every micro
-        batch, vpp, recompute and layer split of the plan's degrees and ZeRO stage."""
+        overheads, no activations: ≤ quick_memory_lower_bound_bytes, and the same for every vpp,
+        recompute and layer split of the plan's degrees and ZeRO stage; with the family's largest
+        micro batch (fewest microbatches: FSDP2's gradients may then be freed) ≤ every member's."""
         per_dense, per_expert = self._state_bytes_per_param(plan)
         dense, expert = self.param_sums(plan)
         p = self.p

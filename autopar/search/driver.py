@@ -44,7 +44,7 @@ from autopar.search.costs import Pricer, stage_inputs, stage_memory_model
 from autopar.search.ilp import recompute_problem, solve_recompute
 from autopar.search.partition import partition_layers
 from autopar.search.rank import Row, distinct_rows, equivalence_band, family, simplicity_key
-from autopar.search.space import SpaceSpec, as_plan, candidate_bases, plan_problems, space_spec_for
+from autopar.search.space import SpaceSpec, as_plan, plan_problems, space_spec_for, valid_bases, with_recompute
 from autopar.units import GiB
 
 Progress = Callable[[str, int, int], None]  # (phase, done, total); phases: score, refine
@@ -167,7 +167,7 @@ def search_graph(graph: ModelGraph, cluster: Cluster, p: CostParams, spec: Space
                  refine: bool = True) -> SearchResult:
     """`search` on loaded inputs (the form tests and notebooks with custom graphs use)."""
     start = time.perf_counter()
-    bases = candidate_bases(spec)
+    bases = valid_bases(spec)
     pricer = Pricer(graph, cluster, p)
     band = equivalence_band()
     walk = _Walk(top=top, capacity_bytes=usable_memory_bytes(cluster.hbm_bytes, memory_margin), band=band)
@@ -214,7 +214,8 @@ def _branch_and_bound(bases: list, pricer: Pricer, walk: _Walk, memory_margin: f
     heap: list[tuple[float, int, tuple, object]] = []
     layouts, total = _nest(bases, pricer)
     for lkey, families in layouts.items():
-        heap.append((pricer.layout_bound_s(_largest_mbs(families)), 0, lkey, families))
+        heap.append((pricer.layout_bound_s(_largest_mbs({k: v for f in families.values() for k, v in f.items()})),
+                     0, lkey, families))
     heapq.heapify(heap)
     while heap and heap[0][0] <= walk.kth_s:
         entry = heapq.heappop(heap)
@@ -237,10 +238,10 @@ def _expand(heap: list, entry: tuple, pricer: Pricer, walk: _Walk) -> None:
     """Push the children of a popped layout (0), family (1) or group (2) with their bounds."""
     _, level, _, item = entry
     if level == 0:
-        for fkey, groups in item.items():
-            _push_family(heap, fkey, groups, pricer, walk)
+        for fkey, prefixes in item.items():
+            _push_family(heap, fkey, prefixes, pricer, walk)
     elif level == 1:
-        for gkey, members in item.items():
+        for gkey, members in _groups(item).items():
             if len(members) == 1:
                 heapq.heappush(heap, (pricer.time_lower_bound_s(members[0]), 3, plan_key(members[0]), members[0]))
             else:
@@ -282,46 +283,58 @@ def _price_equivalents(heap: list, pricer: Pricer, walk: _Walk, memory_margin: f
                 limit = simple if limit is None else min(limit, simple)
 
 
-def _push_family(heap: list, fkey: tuple, groups: dict, pricer: Pricer, walk: _Walk) -> None:
+def _push_family(heap: list, fkey: tuple, prefixes: dict, pricer: Pricer, walk: _Walk) -> None:
     """A family's bound onto the heap, or the whole family dropped when its states overflow."""
-    members = [plan for group in groups.values() for plan in group]
-    low = pricer.states_lower_bound_bytes(members[0])  # equal for every member of the family
+    low = pricer.states_lower_bound_bytes(_largest_mbs(prefixes))  # equal for every member of the family
     if low > walk.capacity_bytes:  # no micro batch, vpp, recompute or split makes it fit
+        members = [with_recompute(d, r) for bases in prefixes.values() for d, recomputes in bases for r in recomputes]
         walk.pruned_memory += len(members)
         walk.pruned_memory_early += len(members)
         walk.shortfalls.extend((low - walk.capacity_bytes, plan, False) for plan in members)
         return
-    heapq.heappush(heap, (pricer.family_bound_s(max(members, key=lambda x: x.mbs)), 1, fkey, groups))
+    heapq.heappush(heap, (pricer.family_bound_s(_largest_mbs(prefixes)), 1, fkey, prefixes))
 
 
-def _largest_mbs(families: dict) -> object:
-    return max((plan for groups in families.values() for group in groups.values() for plan in group),
-               key=lambda x: x.mbs)
+def _largest_mbs(prefixes: dict) -> object:
+    """The first candidate with the largest micro batch among a family's (or layout's) bases."""
+    d, recomputes = max((x for bases in prefixes.values() for x in bases), key=lambda x: x[0].mbs)
+    return with_recompute(d, recomputes[0])
 
 
 def _nest(bases: list, pricer: Pricer) -> tuple[dict[tuple, dict[tuple, dict[tuple, list]]], int]:
-    """Candidates by layout (tp, cp, ep, etp, sp), family (+ pp, ZeRO) and group (every axis but
-    the micro batch), and their count. With a profiled GEMM table (whose efficiency need not grow
-    with m) the micro batch joins every key, so that every bound stays a true lower bound."""
-    rec_order: dict[int, tuple] = {}
+    """Valid bases (space.valid_bases: all axes but recompute, with their recompute choices) by
+    layout (tp, cp, ep, etp, sp), family (+ pp, ZeRO) and prefix (+ vpp), and the candidate count.
+    A family's groups (every axis but the micro batch) and their Drafts are built only when the
+    family is expanded (`_groups`). With a profiled GEMM table (whose efficiency need not grow with
+    m) the micro batch joins every key, so that every bound stays a true lower bound."""
     out: dict[tuple, dict[tuple, dict[tuple, list]]] = {}
     per_mbs = bool(pricer.p.gemm_table)
     total = 0
-    for d, variants in bases:  # keys once per recompute-free base (hot loop: attributes inlined)
+    for d, recomputes in bases:  # hot loop: attributes inlined
         tp, sp, etp = d.tp, d.sp, d.etp
         lkey = (tp, d.cp, d.ep, tp if etp is None else etp, tp > 1 if sp is None else sp)
         if per_mbs:
             lkey += (d.mbs,)
         fkey = lkey + (d.pp, d.zero)
-        prefix = fkey + (d.vpp,)
-        groups = out.setdefault(lkey, {}).setdefault(fkey, {})
-        total += len(variants)
-        for v in variants:
-            r = v.recompute
-            if id(r) not in rec_order:
-                rec_order[id(r)] = (_MODE_ORDER[r.mode], -1 if r.num_layers is None else r.num_layers, r.modules)
-            groups.setdefault(prefix + rec_order[id(r)], []).append(v)
+        out.setdefault(lkey, {}).setdefault(fkey, {}).setdefault(fkey + (d.vpp,), []).append((d, recomputes))
+        total += len(recomputes)
     return out, total
+
+
+def _groups(prefixes: dict) -> dict[tuple, list]:
+    """A family's groups: its candidates that differ only in the micro batch, keyed by every other
+    axis (prefix + recompute order)."""
+    rec_order: dict[int, tuple] = {}
+    groups: dict[tuple, list] = {}
+    for prefix, bases in prefixes.items():
+        for d, recomputes in bases:
+            for r in recomputes:
+                order = rec_order.get(id(r))
+                if order is None:
+                    order = rec_order[id(r)] = (_MODE_ORDER[r.mode], -1 if r.num_layers is None else r.num_layers,
+                                                r.modules)
+                groups.setdefault(prefix + order, []).append(with_recompute(d, r))
+    return groups
 
 
 def _visit(draft, bound: float, key: tuple, pricer: Pricer, walk: _Walk, memory_margin: float) -> Estimate | None:

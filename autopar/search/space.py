@@ -298,6 +298,18 @@ def candidate_drafts(spec: SpaceSpec) -> list[Draft]:
 
 def candidate_bases(spec: SpaceSpec) -> list[tuple[Draft, tuple[Draft, ...]]]:
     """Each valid combination of every axis but recompute, with its valid recompute variants."""
+    return [(base, tuple(with_recompute(base, r) for r in recomputes)) for base, recomputes in valid_bases(spec)]
+
+
+def with_recompute(base: Draft, recompute: Recompute) -> Draft:
+    """`base` with another recompute choice (the validator does not read recompute)."""
+    return base if base.recompute is recompute else tuple.__new__(Draft, (*base[:9], recompute, *base[10:]))
+
+
+def valid_bases(spec: SpaceSpec) -> list[tuple[Draft, tuple[Recompute, ...]]]:
+    """Each valid combination of every axis but recompute, with the recompute choices valid for it
+    (`candidate_bases` without building a Draft per choice: the search builds them for the
+    families it expands)."""
     out, first_problem = [], None
     kwargs = spec.validator_kwargs()
     refuses = spec.framework != Framework.MEGATRON and spec.model_spec is not None
@@ -306,21 +318,21 @@ def candidate_bases(spec: SpaceSpec) -> list[tuple[Draft, tuple[Draft, ...]]]:
         raise InvalidPlanError(f"the search space has {count:,} candidate plans on {spec.num_gpus:,} GPUs, over the "
                                f"{MAX_RAW_CANDIDATES:,} a search takes; pin axes with --fix (e.g. mbs=1,vpp=1) or "
                                "lower --max-tp, the GPU count or the global batch")
-    options = recompute_options(spec)
+    all_options = tuple(recompute_options(spec))
     for base in _recompute_free(spec):  # the validator does not read recompute: validate once
         problems = plan_violations(base, **kwargs)
         if problems:
             first_problem = first_problem or problems
             continue
-        variants = (base, *_with_recompute(base, options[1:]))
+        variants = all_options
         if refuses:
             kept = []
-            for draft in variants:
-                problems = framework_problems(spec, draft.to_plan())
+            for r in variants:
+                problems = framework_problems(spec, with_recompute(base, r).to_plan())
                 if problems:
                     first_problem = first_problem or problems
                 else:
-                    kept.append(draft)
+                    kept.append(r)
             variants = tuple(kept)
         if variants:
             out.append((base, variants))
