@@ -23,7 +23,7 @@ from __future__ import annotations
 
 import math
 from dataclasses import dataclass
-from functools import cached_property
+from functools import cached_property, lru_cache
 
 from autopar.cost import comm, memory
 from autopar.cost.layer import Spans
@@ -33,6 +33,7 @@ from autopar.errors import InvalidPlanError
 from autopar.schema.plan import Framework, ParallelPlan, plan_violations
 
 
+@lru_cache(maxsize=4096)
 def stage_layer_counts(num_layers: int, stages: int) -> tuple[int, ...]:
     """Even split; a remainder goes to the middle stages so the first and last (which also hold
     the embedding and the head) get fewer — Llama 3's 405B layout (Dubey et al. 2024 §3.3.2)."""
@@ -44,6 +45,7 @@ def stage_layer_counts(num_layers: int, stages: int) -> tuple[int, ...]:
     return tuple(counts)
 
 
+@lru_cache(maxsize=4096)
 def torchtitan_layer_counts(num_layers: int, stages: int, first_less: int = 1, last_less: int = 1
                             ) -> tuple[int, ...] | None:
     """Decoder layers per stage under torchtitan 0.3's own split (distributed/pipeline_parallel.py,
@@ -132,10 +134,7 @@ class Layout:
     @cached_property
     def inflight(self) -> tuple[int, ...]:
         """Microbatches (1F1B) or model chunks (interleaved) in flight on each pipeline rank at its peak."""
-        pp, m = self.pp, self.num_microbatches
-        if self.vpp > 1:
-            return tuple(memory.inflight_chunks_interleaved(pp, self.vpp, r, m) for r in range(pp))
-        return tuple(memory.inflight_microbatches_1f1b(pp, r, m) for r in range(pp))
+        return _inflight(self.pp, self.vpp, self.num_microbatches)
 
     @cached_property
     def tp_span(self) -> comm.GroupSpan:
@@ -204,6 +203,14 @@ class Layout:
         """(GPUs per node, nodes) a launcher starts: the node size capped at the GPU count."""
         per_node = min(self.gpus_per_node, self.num_gpus)
         return per_node, math.ceil(self.num_gpus / per_node)
+
+
+@lru_cache(maxsize=4096)
+def _inflight(pp: int, vpp: int, m: int) -> tuple[int, ...]:
+    """Layout.inflight for pp ranks, vpp chunks and m microbatches (shared by the search's layouts)."""
+    if vpp > 1:
+        return tuple(memory.inflight_chunks_interleaved(pp, vpp, r, m) for r in range(pp))
+    return tuple(memory.inflight_microbatches_1f1b(pp, r, m) for r in range(pp))
 
 
 def layout_violations(plan: ParallelPlan, cluster: Cluster, graph: ModelGraph) -> list[str]:

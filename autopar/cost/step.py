@@ -11,7 +11,7 @@ group size, shard size, span and microbatch count comes from the plan's Layout
 from __future__ import annotations
 
 import math
-from dataclasses import dataclass, field, replace
+from dataclasses import dataclass, field
 
 from autopar.choices import DEFAULT_MEMORY_MARGIN  # noqa: F401 (the one margin; re-exported for its users)
 from autopar.cost import comm, fsdp, memory
@@ -182,13 +182,13 @@ class StepMemo:
     stages. Layers equal in everything but index and name share a class; a virtual stage is keyed
     by its layers' classes and by every plan field its terms read, so a kept result is exactly the
     one `estimate` would compute afresh (same inputs, same order of additions: bit-identical).
-    Not a second model: the entries are the very functions below, called once per key."""
+    Not a second model: the entries are the very functions below, called once per key. A key
+    lists every plan field its function reads: a cost term that reads a new field must add it.
+    reuse=False computes every entry afresh (the reference the tests compare a shared memo with)."""
 
-    def __init__(self, graph: ModelGraph, cluster: Cluster, p: CostParams) -> None:
-        self.graph, self.cluster, self.p = graph, cluster, p
-        classes: dict[Layer, int] = {}
-        self._layer_class = {id(x): classes.setdefault(replace(x, index=0, name=""), len(classes))
-                             for x in graph.layers}
+    def __init__(self, graph: ModelGraph, cluster: Cluster, p: CostParams, reuse: bool = True) -> None:
+        self.graph, self.cluster, self.p, self.reuse = graph, cluster, p, reuse
+        self._layer_class = {id(x): c for x, c in zip(graph.layers, graph.layer_classes)}
         self._key_to_layout: dict[tuple, Layout] = {}
         self._key_to_stages: dict[tuple, list[list[Layer]]] = {}
         self._key_to_ranks: dict[tuple, list[list[list[Layer]]]] = {}
@@ -250,13 +250,15 @@ class StepMemo:
               ) -> tuple[int, dict[str, LayerCost]]:
         """(number, layer_costs) of a split: the same for every plan with this split and spans."""
         key = (st.split, st.spans, plan.tp_comm_overlap, plan.framework)
-        hit = self._key_to_costs.get(key)
+        hit = self._key_to_costs.get(key) if self.reuse else None
         if hit is None:  # the key stands in later keys as a small number (hashing a Split is not free)
             hit = self._key_to_costs[key] = (len(self._key_to_costs), layer_costs(stages, st, self.cluster, p, plan))
         return hit
 
     def stage(self, kind: str, key: tuple, compute):
         """`compute()` once per (kind, key)."""
+        if not self.reuse:
+            return compute()
         key = (kind, *key)
         hit = self._key_to_stage.get(key, _MISSING)
         if hit is _MISSING:
@@ -264,7 +266,7 @@ class StepMemo:
         return hit
 
     def flops(self, key: tuple, compute) -> float:
-        hit = self._key_to_flops.get(key)
+        hit = self._key_to_flops.get(key) if self.reuse else None
         if hit is None:
             hit = self._key_to_flops[key] = compute()
         return hit

@@ -27,7 +27,7 @@ Conventions
 
 from __future__ import annotations
 
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from functools import cached_property
 
 from autopar.schema.model import ModelSpec
@@ -190,6 +190,13 @@ class ModelGraph:
     @cached_property
     def active_params(self) -> int:
         return sum(layer.active_params for layer in self.layers)
+
+    @cached_property
+    def layer_classes(self) -> tuple[int, ...]:
+        """A number per layer, equal for layers that differ only in index and name (what the cost
+        model reads of them is the same: autopar.cost.step.StepMemo shares their results)."""
+        class_of: dict[Layer, int] = {}
+        return tuple(class_of.setdefault(replace(x, index=0, name=""), len(class_of)) for x in self.layers)
 
     @property
     def decoder_layers(self) -> tuple[Layer, ...]:

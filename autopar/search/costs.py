@@ -177,6 +177,7 @@ class Pricer:
         self._key_to_bound: dict[tuple, float] = {}
         self._key_to_prefixes: dict[tuple, object] = {}  # keyed by id(table): tables live as long as the Pricer
         self._key_to_bounds: dict[tuple, tuple[np.ndarray, np.ndarray]] = {}
+        self._key_to_columns: dict[tuple, tuple] = {}
         self.memo = StepMemo(graph, cluster, p)  # the estimates of this search share it
 
     def layout(self, plan: ParallelPlan) -> Layout:
@@ -332,19 +333,30 @@ class Pricer:
             return self.quick_memory_lower_bound_bytes(plan)
         t = self.table(plan)
         layout = self.layout(plan)
-        lo, hi = self._stage_bounds(t, layout.stage_counts)
-        dense, expert, saved = self._prefixes(t, r.mode)
-        work = t.work_bytes[r.mode]
+        dense_chunk, expert_chunk, rank_to_extremes = self._chunk_columns(t, r.mode, layout.stage_counts, plan.pp,
+                                                                          plan.vpp)
         per_dense, per_expert = self._state_bytes_per_param(plan)
-        states = (per_dense * (dense[hi] - dense[lo]) + per_expert * (expert[hi] - expert[lo])).reshape(plan.vpp, plan.pp)
-        chunk_saved = (saved[hi] - saved[lo]).reshape(plan.vpp, plan.pp)
-        chunk_work = np.maximum.reduceat(work, lo).reshape(plan.vpp, plan.pp)  # chunks are contiguous, non-empty
+        states = (per_dense * dense_chunk + per_expert * expert_chunk).reshape(plan.vpp, plan.pp)
         out = 0.0
-        for rank in {0, plan.pp - 1}:  # the rank's in-flight count (Layout.inflight) × its mean chunk
-            acts = layout.inflight[rank] * chunk_saved[:, rank].sum() / plan.vpp
-            out = max(out, float(states[:, rank].sum() + acts + chunk_work[:, rank].max()))
+        for rank, (saved, work) in rank_to_extremes.items():  # in-flight count (Layout.inflight) × its mean chunk
+            acts = layout.inflight[rank] * saved / plan.vpp
+            out = max(out, float(states[:, rank].sum() + acts + work))
         p = self.p
         return memory.with_overheads(out, p.cuda_context_bytes, p.comm_buffer_bytes, p.fragmentation)
+
+    def _chunk_columns(self, t: LayerTable, mode: str, counts: tuple[int, ...], pp: int, vpp: int) -> tuple:
+        """Per virtual stage: dense and expert parameters; for ranks 0 and pp − 1: the saved bytes
+        of their chunks summed and their largest working bytes (rank_memory_lower_bound_bytes)."""
+        key = (id(t), mode, counts, pp, vpp)
+        hit = self._key_to_columns.get(key)
+        if hit is None:
+            lo, hi = self._stage_bounds(t, counts)
+            dense, expert, saved = self._prefixes(t, mode)
+            chunk_saved = (saved[hi] - saved[lo]).reshape(vpp, pp)
+            chunk_work = np.maximum.reduceat(t.work_bytes[mode], lo).reshape(vpp, pp)  # chunks: contiguous, non-empty
+            extremes = {rank: (chunk_saved[:, rank].sum(), chunk_work[:, rank].max()) for rank in {0, pp - 1}}
+            hit = self._key_to_columns[key] = (dense[hi] - dense[lo], expert[hi] - expert[lo], extremes)
+        return hit
 
     def _prefixes(self, t: LayerTable, mode: str) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
         key = (id(t), mode, "memory")

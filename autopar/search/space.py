@@ -230,7 +230,7 @@ class Draft(NamedTuple):
     layout = _PLAN_ATTRS["layout"]
 
     def to_plan(self) -> ParallelPlan:
-        return ParallelPlan(**self._asdict())
+        return ParallelPlan(**dict(zip(self._fields, self)))
 
 
 def as_plan(plan: ParallelPlan | Draft) -> ParallelPlan:
@@ -241,14 +241,20 @@ def _recompute_free(spec: SpaceSpec) -> Iterator[Draft]:
     """One draft per combination of every axis but recompute (which the validator never reads)."""
     first = recompute_options(spec)[0]
     consts = (spec.global_batch, spec.seq_len, spec.precision, spec.framework, _CP_COMM_TYPE[spec.framework])
+    zeros = zero_options(spec)
+    vpps: dict[tuple[int, int], list[int]] = {}  # (pp, microbatches) -> vpp_options
     for tp, pp, cp, dp in model_parallel_degrees(spec):
+        sps = sp_options(spec, tp)
+        etps = etp_options(spec, tp)
         for mbs in mbs_options(spec, dp):
             m = spec.global_batch // (dp * mbs) if dp * mbs else 0
+            if (pp, m) not in vpps:
+                vpps[pp, m] = vpp_options(spec, pp, m)
             for ep in ep_options(spec, tp, pp):
-                for etp in etp_options(spec, tp):
-                    for vpp in vpp_options(spec, pp, m):
-                        for zero in zero_options(spec):
-                            for sp in sp_options(spec, tp):
+                for etp in etps:
+                    for vpp in vpps[pp, m]:
+                        for zero in zeros:
+                            for sp in sps:
                                 yield tuple.__new__(Draft, (tp, pp, cp, ep, etp, vpp, mbs, zero, sp, first, *consts))
 
 
