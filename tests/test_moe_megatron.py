@@ -69,3 +69,19 @@ def test_expert_input_is_saved_at_its_etp_gathered_size():
     # Full recompute keeps only the layer input: etp changes nothing there.
     assert memory.saved_activation_bytes(MOE, tokens, 4096, 8, True, "full", etp=8) == \
         memory.saved_activation_bytes(MOE, tokens, 4096, 8, True, "full", etp=1)
+
+
+def test_allgather_dispatcher_gathers_tokens_once_over_the_etp_ep_group():
+    # MoEAllGatherTokenDispatcher: all-gather of the [tokens/tp, h] hidden states over etp·ep = 16
+    # ranks (2 nodes) and a reduce-scatter back; no top-k copies, no second ETP gather.
+    s, spans = _split(moe_dispatcher="allgather"), _spans()
+    out_bytes = 512 * 4096 * 2 * 16  # 16 ranks' 512 tokens of h bf16
+    span = comm.GroupSpan(16, 8, 2)
+    bw = min(H800.intra_node_bytes_per_s * P.intra_node_efficiency,
+             8 * H800.inter_node_bytes_per_s_per_gpu * P.inter_node_efficiency)
+    one = (15 * H800.inter_node_latency_s + P.collective_overhead_s
+           + (15 / 16 * out_bytes) / (bw * out_bytes / (out_bytes + P.half_message_bytes)))
+    assert comm.all_gather_s(out_bytes, span, H800, P) == pytest.approx(one, rel=1e-12)
+    cost = layer_cost(MOE, s, spans, H800, P, tp_overlap=False)
+    assert cost.ep_comm_fwd_s == pytest.approx(2 * one, rel=1e-12)
+    assert cost.ep_comm_bwd_s == cost.ep_comm_fwd_s  # no count gather, no host sync

@@ -231,27 +231,35 @@ def moe_count_gather_s(layer: Layer, s: Split, spans: Spans, cluster: Cluster, p
     latency-bound ring (etp·ep − 1 steps) cannot hide behind compute. Ignores the host round trip."""
     if not layer.num_experts or s.moe_dispatcher != "alltoall" or s.ep * s.etp <= 1:
         return 0.0
+    span = _etp_ep_span(spans)
+    return comm.all_gather_s(layer.num_experts * _COUNT_BYTES * span.size, span, cluster, p)
+
+
+def _etp_ep_span(spans: Spans) -> comm.GroupSpan:
+    """The etp·ep group (Megatron's tensor-and-expert group): etp ranks fastest, then ep."""
     nodes = spans.ep.nodes * spans.etp.nodes
     size = spans.ep.size * spans.etp.size
-    span = comm.GroupSpan(size, max(1, size // nodes), nodes)
-    return comm.all_gather_s(layer.num_experts * _COUNT_BYTES * size, span, cluster, p)
+    return comm.GroupSpan(size, max(1, size // nodes), nodes)
 
 
 def _ep_comm(layer: Layer, s: Split, spans: Spans, cluster: Cluster, p: CostParams) -> float:
-    """Forward token dispatch + combine over the EP group: two all-to-alls of the routed tokens
-    (Megatron alltoall dispatcher; the busiest rank receives `moe_load` × the mean), or an
-    all-gather of every rank's tokens and a reduce-scatter of the outputs (allgather dispatcher);
-    plus an all-gather/reduce-scatter over ETP when etp > 1. The backward moves the same bytes
-    (moe_count_gather_s is forward only)."""
+    """Forward token dispatch + combine of one MoE layer (the backward moves the same bytes;
+    moe_count_gather_s is forward only). Megatron-Core token_dispatcher.py (MCore 0.9+, e.g.
+    commit f1f03922):
+    alltoall: two all-to-alls of the routed token copies over EP (the busiest rank receives
+      `moe_load` × the mean), then with etp > 1 an all-gather of the received copies over ETP
+      before the experts and a reduce-scatter after them;
+    allgather: one all-gather of every rank's tokens (not the top-k copies) over the etp·ep group
+      before the experts select theirs, and one reduce-scatter of the outputs back."""
     if not layer.num_experts:
         return 0.0
     local_tokens = s.tokens / (s.tp if s.sp else 1)
-    routed_bytes = local_tokens * layer.top_k * s.hidden * BF16_BYTES * s.moe_load
     if s.moe_dispatcher == "allgather":
-        gathered = local_tokens * s.hidden * BF16_BYTES * spans.ep.size
-        t = comm.all_gather_s(gathered, spans.ep, cluster, p) + comm.reduce_scatter_s(gathered, spans.ep, cluster, p)
-    else:
-        t = 2.0 * comm.all_to_all_s(routed_bytes, spans.ep, cluster, p)
+        span = _etp_ep_span(spans)
+        gathered = local_tokens * s.hidden * BF16_BYTES * span.size
+        return comm.all_gather_s(gathered, span, cluster, p) + comm.reduce_scatter_s(gathered, span, cluster, p)
+    routed_bytes = local_tokens * layer.top_k * s.hidden * BF16_BYTES * s.moe_load
+    t = 2.0 * comm.all_to_all_s(routed_bytes, spans.ep, cluster, p)
     if s.etp > 1:
         t += comm.all_gather_s(routed_bytes * s.etp, spans.etp, cluster, p)
         t += comm.reduce_scatter_s(routed_bytes * s.etp, spans.etp, cluster, p)
