@@ -196,9 +196,21 @@ class StepMemo:
         self._key_to_costs: dict[tuple, tuple[int, dict[str, LayerCost]]] = {}
         self._key_to_stage: dict[tuple, object] = {}
         self._key_to_flops: dict[tuple, float] = {}
+        self._last_fields: tuple | None = None
 
     def bound_to(self, graph: ModelGraph, cluster: Cluster, p: CostParams) -> bool:
         return graph is self.graph and cluster is self.cluster and p is self.p
+
+    def plan_fields(self, plan: ParallelPlan) -> tuple:
+        """Every field of `plan` but the pipeline shape, batch and ZeRO sharding (STAGE_BLIND):
+        the plan part of the key of a per-stage entry, so that a cost term that starts reading
+        another plan field stays keyed by it."""
+        last = self._last_fields
+        if last is not None and last[0] is plan:
+            return last[1]
+        fields = tuple(v for k, v in plan.__dict__.items() if k not in STAGE_BLIND)
+        self._last_fields = (plan, fields)
+        return fields
 
     def layout(self, plan: ParallelPlan) -> Layout:
         """The plan's Layout, cached by every plan field a Layout reads."""
@@ -273,6 +285,10 @@ class StepMemo:
 
 
 _MISSING = object()
+# Plan fields no per-stage or per-rank term reads (they choose which layers a stage holds, how many
+# microbatches run, and how ZeRO shards states: the rank-level arithmetic reads them from the plan).
+STAGE_BLIND = frozenset({"pp", "vpp", "layers_per_stage", "global_batch", "zero", "zero_shard_size",
+                         "overlap_grad_reduce", "overlap_param_gather"})
 
 
 def layer_costs(stages: list[list[Layer]], st: StepSetup, cluster: Cluster, p: CostParams,
@@ -383,9 +399,7 @@ def _rank_contents(chunks: list[list[Layer]], graph: ModelGraph, plan: ParallelP
     last chunk also holds the word embedding)."""
     dense = expert = largest = work = 0.0
     saved = []
-    r = plan.recompute
-    acts_key = (tokens, plan.seq_len, plan.tp, plan.sequence_parallel, plan.framework, plan.precision, r.mode,
-                r.num_layers, r.modules)
+    fields = memo.plan_fields(plan) if memo is not None else ()
     for i, chunk in enumerate(chunks):
         tied = tied_copy and i == len(chunks) - 1
         if memo is None:
@@ -393,9 +407,9 @@ def _rank_contents(chunks: list[list[Layer]], graph: ModelGraph, plan: ParallelP
             s, w = stage_activation_bytes(chunk, plan, tokens)
         else:
             sig = memo.signature(chunk)
-            d, e, big = memo.stage("params", (sig, plan.tp, plan.ep, plan.expert_tp, tied),
+            d, e, big = memo.stage("params", (sig, tied, *fields),
                                    lambda: stage_params(chunk, plan, tied, graph.layers[0]))
-            s, w = memo.stage("acts", (sig, *acts_key), lambda: stage_activation_bytes(chunk, plan, tokens))
+            s, w = memo.stage("acts", (sig, tokens, *fields), lambda: stage_activation_bytes(chunk, plan, tokens))
         dense, expert, largest = dense + d, expert + e, max(largest, big)
         saved.append(s)
         work = max(work, w)
@@ -415,9 +429,7 @@ def rank_memory(rank: int, chunks: list[list[Layer]], graph: ModelGraph, plan: P
     if memo is None:
         dense, expert, largest, saved, work = _rank_contents(chunks, graph, plan, st.split.tokens, tied_copy, None)
     else:
-        r = plan.recompute
-        key = (memo.rank_signature(chunks), tied_copy, plan.tp, plan.ep, plan.expert_tp, st.split.tokens, plan.seq_len,
-               plan.sequence_parallel, plan.framework, plan.precision, r.mode, r.num_layers, r.modules)
+        key = (memo.rank_signature(chunks), tied_copy, st.split.tokens, *memo.plan_fields(plan))
         dense, expert, largest, saved, work = memo.stage(
             "rank_contents", key, lambda: _rank_contents(chunks, graph, plan, st.split.tokens, tied_copy, memo))
     states = memory.model_state_bytes(dense, plan.framework, plan.zero, layout.dense_shard)
@@ -504,7 +516,7 @@ def estimate(graph: ModelGraph, cluster: Cluster, plan: ParallelPlan, p: CostPar
     stages = memo.stages(layout)
     costs_key, costs = memo.costs(stages, st, plan, p)
     ranks = memo.ranks(layout)
-    rec_key = (costs_key, plan.recompute.mode, plan.recompute.num_layers, plan.recompute.modules)
+    rec_key = (costs_key, *memo.plan_fields(plan))  # what stage_time and rank_layers read: costs and the plan
     f, b, rec, comm_parts, stage_rows, dp_exposed = [], [], [], [], [], 0.0
     opt_params = 0.0
     for r, chunks in enumerate(ranks):
@@ -553,8 +565,7 @@ def _summarize(graph: ModelGraph, cluster: Cluster, plan: ParallelPlan, st: Step
     n = cluster.num_gpus
     tokens = plan.global_batch * plan.seq_len
     model_flops = memo.flops((plan.seq_len,), lambda: graph.model_flops_per_token(plan.seq_len, causal=True)) * tokens
-    r = plan.recompute
-    recompute_flops = memo.flops((plan.seq_len, r.mode, r.num_layers, r.modules, plan.pp, plan.vpp),
+    recompute_flops = memo.flops((*memo.plan_fields(plan), plan.pp, plan.vpp),
                                  lambda: _recompute_flops(graph, plan)) * tokens
     peak_row = max(stage_rows, key=lambda row: row.memory_bytes)
     capacity = cluster.hbm_bytes
