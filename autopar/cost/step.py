@@ -208,7 +208,8 @@ class StepMemo:
         last = self._last_fields
         if last is not None and last[0] is plan:
             return last[1]
-        fields = tuple(v for k, v in plan.__dict__.items() if k not in STAGE_BLIND)
+        fields = tuple((v.mode, v.num_layers, v.modules) if k == "recompute" else v  # (hashing a model is slower)
+                       for k, v in plan.__dict__.items() if k not in STAGE_BLIND)
         self._last_fields = (plan, fields)
         return fields
 
@@ -519,6 +520,7 @@ def estimate(graph: ModelGraph, cluster: Cluster, plan: ParallelPlan, p: CostPar
     rec_key = (costs_key, *memo.plan_fields(plan))  # what stage_time and rank_layers read: costs and the plan
     f, b, rec, comm_parts, stage_rows, dp_exposed = [], [], [], [], [], 0.0
     opt_params = 0.0
+    syncs: dict[tuple[float, float], tuple[float, float]] = {}
     for r, chunks in enumerate(ranks):
         rank_key = (memo.rank_signature(chunks), *rec_key)
         fwd_s, bwd_s, rec_s, parts, decoders = memo.stage("rank_time", rank_key,
@@ -529,7 +531,9 @@ def estimate(graph: ModelGraph, cluster: Cluster, plan: ParallelPlan, p: CostPar
         comm_parts.append(parts)
         mem, breakdown, dense, expert = rank_memory(r, chunks, graph, plan, st, p, memo)
         opt_params = max(opt_params, dense / layout.dense_optimizer_shard + expert / layout.expert_optimizer_shard)
-        sync, sync_per_microbatch = _dp_sync_s(dense, expert, st, cluster, p, plan)
+        if (dense, expert) not in syncs:  # ranks holding the same parameters sync alike
+            syncs[dense, expert] = _dp_sync_s(dense, expert, st, cluster, p, plan)
+        sync, sync_per_microbatch = syncs[dense, expert]
         slack = r * (b[-1] / plan.vpp)  # later ranks finish their last backward earlier
         dp_exposed = max(dp_exposed, max(0.0, _exposed_dp_s(sync, b[-1], plan) - slack)
                          + st.m * _exposed_dp_s(sync_per_microbatch, b[-1], plan))

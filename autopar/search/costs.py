@@ -126,9 +126,12 @@ def split_key(plan: ParallelPlan) -> tuple:
             plan.precision, plan.tp_comm_overlap, plan.framework, modules)
 
 
-def layer_table(graph: ModelGraph, cluster: Cluster, plan: ParallelPlan, p: CostParams) -> LayerTable:
+def layer_table(graph: ModelGraph, cluster: Cluster, plan: ParallelPlan, p: CostParams,
+                memo: StepMemo | None = None) -> LayerTable:
     """The table of `plan`'s split, from the estimate's per-layer functions (one row per layer
-    kind, spread over the graph's layers)."""
+    kind, spread over the graph's layers). `memo`: the StepMemo of (graph, cluster, p) whose layer
+    costs the estimates of this split then reuse."""
+    base_p = p
     p = for_framework(p, plan.framework)
     policy = framework_profile(plan.framework).selective_policy
     st = setup(graph, cluster, plan, p)
@@ -144,7 +147,11 @@ def layer_table(graph: ModelGraph, cluster: Cluster, plan: ParallelPlan, p: Cost
         index.append(kind_to_index[key])
     idx = np.array(index)
     dec = np.array([layer.kind in ("dense", "moe") for layer in kinds])
-    costs = [layer_cost(layer, st.split, st.spans, cluster, p, plan.tp_comm_overlap) for layer in kinds]
+    if memo is not None and memo.bound_to(graph, cluster, base_p):
+        _, key_to_cost = memo.costs(memo.stages(st.layout), st, plan, p)
+        costs = [key_to_cost[layer.kind if layer.kind in ("dense", "moe") else layer.name] for layer in kinds]
+    else:
+        costs = [layer_cost(layer, st.split, st.spans, cluster, p, plan.tp_comm_overlap) for layer in kinds]
 
     def memory_columns() -> MemoryColumns:
         mode_plans = {m: plan.model_copy(update={"recompute": Recompute(mode=m, modules=modules)}) for m in MODES}
@@ -194,7 +201,7 @@ class Pricer:
         key = key or split_key(plan)
         hit = self._key_to_table.get(key)
         if hit is None:
-            hit = self._key_to_table[key] = layer_table(self.graph, self.cluster, as_plan(plan), self.p)
+            hit = self._key_to_table[key] = layer_table(self.graph, self.cluster, as_plan(plan), self.p, self.memo)
         return hit
 
     def time_lower_bound_s(self, plan: ParallelPlan) -> float:

@@ -27,10 +27,12 @@ check both against brute force). Refinement can only improve on it.
 from __future__ import annotations
 
 import bisect
+import gc
 import heapq
 import math
 import time
 from collections.abc import Callable
+from contextlib import contextmanager
 from dataclasses import dataclass, field
 
 from autopar.cost.params import CostParams
@@ -166,6 +168,27 @@ def search_graph(graph: ModelGraph, cluster: Cluster, p: CostParams, spec: Space
                  memory_margin: float = DEFAULT_MEMORY_MARGIN, progress: Progress | None = None,
                  refine: bool = True) -> SearchResult:
     """`search` on loaded inputs (the form tests and notebooks with custom graphs use)."""
+    with _cyclic_gc_paused():
+        return _search_graph(graph, cluster, p, spec, top, memory_margin, progress, refine)
+
+
+@contextmanager
+def _cyclic_gc_paused():
+    """The search holds ~10^5 small candidate tuples until it returns and makes no reference
+    cycles: Python's cyclic collector would re-scan them again and again (a fifth of the search's
+    time on the MoE cases) and free nothing, so it is paused for the search (reference counting
+    still frees everything as usual)."""
+    enabled = gc.isenabled()
+    gc.disable()
+    try:
+        yield
+    finally:
+        if enabled:
+            gc.enable()
+
+
+def _search_graph(graph: ModelGraph, cluster: Cluster, p: CostParams, spec: SpaceSpec, top: int,
+                  memory_margin: float, progress: Progress | None, refine: bool) -> SearchResult:
     start = time.perf_counter()
     bases = valid_bases(spec)
     pricer = Pricer(graph, cluster, p)
@@ -214,8 +237,8 @@ def _branch_and_bound(bases: list, pricer: Pricer, walk: _Walk, memory_margin: f
     heap: list[tuple[float, int, tuple, object]] = []
     layouts, total = _nest(bases, pricer)
     for lkey, families in layouts.items():
-        heap.append((pricer.layout_bound_s(_largest_mbs({k: v for f in families.values() for k, v in f.items()})),
-                     0, lkey, families))
+        largest = max((largest for _, largest in families.values()), key=lambda x: x[0].mbs)
+        heap.append((pricer.layout_bound_s(_largest_mbs(largest)), 0, lkey, families))
     heapq.heapify(heap)
     while heap and heap[0][0] <= walk.kth_s:
         entry = heapq.heappop(heap)
@@ -238,8 +261,8 @@ def _expand(heap: list, entry: tuple, pricer: Pricer, walk: _Walk) -> None:
     """Push the children of a popped layout (0), family (1) or group (2) with their bounds."""
     _, level, _, item = entry
     if level == 0:
-        for fkey, prefixes in item.items():
-            _push_family(heap, fkey, prefixes, pricer, walk)
+        for fkey, family in item.items():
+            _push_family(heap, fkey, family, pricer, walk)
     elif level == 1:
         for gkey, members in _groups(item).items():
             if len(members) == 1:
@@ -283,31 +306,33 @@ def _price_equivalents(heap: list, pricer: Pricer, walk: _Walk, memory_margin: f
                 limit = simple if limit is None else min(limit, simple)
 
 
-def _push_family(heap: list, fkey: tuple, prefixes: dict, pricer: Pricer, walk: _Walk) -> None:
-    """A family's bound onto the heap, or the whole family dropped when its states overflow."""
-    low = pricer.states_lower_bound_bytes(_largest_mbs(prefixes))  # equal for every member of the family
+def _push_family(heap: list, fkey: tuple, family: tuple[dict, list], pricer: Pricer, walk: _Walk) -> None:
+    """A family's bound onto the heap, or the whole family dropped when its states overflow.
+    `family`: its prefixes and its first base with the largest micro batch (see _nest)."""
+    prefixes, largest = family
+    low = pricer.states_lower_bound_bytes(_largest_mbs(largest))  # ≤ every member's (fewest microbatches)
     if low > walk.capacity_bytes:  # no micro batch, vpp, recompute or split makes it fit
         members = [with_recompute(d, r) for bases in prefixes.values() for d, recomputes in bases for r in recomputes]
         walk.pruned_memory += len(members)
         walk.pruned_memory_early += len(members)
         walk.shortfalls.extend((low - walk.capacity_bytes, plan, False) for plan in members)
         return
-    heapq.heappush(heap, (pricer.family_bound_s(_largest_mbs(prefixes)), 1, fkey, prefixes))
+    heapq.heappush(heap, (pricer.family_bound_s(_largest_mbs(largest)), 1, fkey, prefixes))
 
 
-def _largest_mbs(prefixes: dict) -> object:
-    """The first candidate with the largest micro batch among a family's (or layout's) bases."""
-    d, recomputes = max((x for bases in prefixes.values() for x in bases), key=lambda x: x[0].mbs)
-    return with_recompute(d, recomputes[0])
+def _largest_mbs(largest: list) -> object:
+    """The candidate of a [base, recompute choices] pair (its first choice)."""
+    return with_recompute(largest[0], largest[1][0])
 
 
-def _nest(bases: list, pricer: Pricer) -> tuple[dict[tuple, dict[tuple, dict[tuple, list]]], int]:
+def _nest(bases: list, pricer: Pricer) -> tuple[dict[tuple, dict[tuple, tuple[dict, list]]], int]:
     """Valid bases (space.valid_bases: all axes but recompute, with their recompute choices) by
-    layout (tp, cp, ep, etp, sp), family (+ pp, ZeRO) and prefix (+ vpp), and the candidate count.
+    layout (tp, cp, ep, etp, sp), family (+ pp, ZeRO; with its first base of the largest micro
+    batch, whose bounds are the family's) and prefix (+ vpp), and the candidate count.
     A family's groups (every axis but the micro batch) and their Drafts are built only when the
     family is expanded (`_groups`). With a profiled GEMM table (whose efficiency need not grow with
     m) the micro batch joins every key, so that every bound stays a true lower bound."""
-    out: dict[tuple, dict[tuple, dict[tuple, list]]] = {}
+    out: dict[tuple, dict[tuple, tuple[dict, list]]] = {}
     per_mbs = bool(pricer.p.gemm_table)
     total = 0
     for d, recomputes in bases:  # hot loop: attributes inlined
@@ -316,7 +341,13 @@ def _nest(bases: list, pricer: Pricer) -> tuple[dict[tuple, dict[tuple, dict[tup
         if per_mbs:
             lkey += (d.mbs,)
         fkey = lkey + (d.pp, d.zero)
-        out.setdefault(lkey, {}).setdefault(fkey, {}).setdefault(fkey + (d.vpp,), []).append((d, recomputes))
+        families = out.setdefault(lkey, {})
+        family = families.get(fkey)
+        if family is None:
+            family = families[fkey] = ({}, [d, recomputes])  # (prefixes, first base with the largest mbs)
+        elif d.mbs > family[1][0].mbs:
+            family[1][:] = d, recomputes
+        family[0].setdefault(fkey + (d.vpp,), []).append((d, recomputes))
         total += len(recomputes)
     return out, total
 
