@@ -1,11 +1,12 @@
 """The search driver: enumerate, bound, score, refine, rank.
 
-1. Enumerate the valid candidates (autopar.search.space) as Drafts: every valid combination of
-   degrees, micro batch, ZeRO stage and recompute mode, with the default layer split.
+1. Enumerate the valid candidates (autopar.search.space.valid_bases): every valid combination of
+   degrees, micro batch and ZeRO stage, each with its valid recompute modes, default layer split.
 2. Bound: candidates nest as layouts (tp, cp, ep, etp, sp) ⊃ families (+ pp, ZeRO) ⊃ groups (all
    but the micro batch) ⊃ plans; each level has a lower bound on the step time of everything
    below it (autopar.search.costs: the estimate's own per-layer times), a family whose model
-   states alone overflow is dropped whole, and a level is expanded only when popped. Plans are
+   states alone overflow is dropped whole, and a level is expanded (its Drafts built) only when
+   popped; estimates share one StepMemo (autopar.cost.step: bit-identical numbers). Plans are
    visited best-first in ascending bound order (ties by the plan's axes) until a bound exceeds
    the best time of the top-th distinct family (autopar.search.rank.family): no later candidate
    can enter the raw top K or change a family's best among them.
