@@ -177,6 +177,8 @@ def moe_sort_chunks_s(layer: Layer, s: Split, cluster: Cluster, p: CostParams) -
     (T/tp·k·etp routed copies, the busiest rank's load) are split into tp·ep·local chunks and
     concatenated in expert order; the expert output is restored the same way. Two copies (read +
     write) of that tensor per pass; backward copies the gradients back (split's backward is a cat).
+    torchtitan 0.3's all-to-all dispatcher does the same two copies (torchtitan/models/common/
+    token_dispatcher.py `_permute` / `_unpermute`: rank-major to expert-major and back, etp 1).
     Ignores the CPU time of splitting into tp·ep·local views."""
     if not layer.num_experts or s.moe_dispatcher != "alltoall" or layer.num_experts // s.ep <= 1:
         return 0.0
@@ -228,7 +230,10 @@ def moe_count_gather_s(layer: Layer, s: Split, spans: Spans, cluster: Cluster, p
     counts over the etp·ep group (token_dispatcher.py `_gather_along_first_dim_moe`, MCore 0.9+,
     e.g. commit f1f03922) to size the variable all-to-all; the host then synchronises on those
     counts (`torch.cuda.current_stream().synchronize()` before the all-to-all), so this tiny,
-    latency-bound ring (etp·ep − 1 steps) cannot hide behind compute. Ignores the host round trip."""
+    latency-bound ring (etp·ep − 1 steps) cannot hide behind compute. torchtitan 0.3 exchanges the
+    counts with an all-to-all over ep and syncs on `.tolist()` (token_dispatcher.py
+    `_token_count_exchange`), priced here the same way. Ignores the host round trip after the sync:
+    the all-to-all issued next is long enough for the host to get ahead again."""
     if not layer.num_experts or s.moe_dispatcher != "alltoall" or s.ep * s.etp <= 1:
         return 0.0
     span = _etp_ep_span(spans)
