@@ -5,7 +5,8 @@ Splitting (Megatron-Core): column/row-parallel GEMMs see all T tokens of the mic
 divided by tp; replicated GEMMs (router, MLA down-projections) see T/tp tokens under sp; routed
 experts see T/tp · top_k tokens per rank spread over E/ep local experts (balanced routing times a
 stated imbalance factor), each ETP-split; attention heads are divided by tp and tokens by cp.
-Backward = 2 × forward GEMM time (dgrad + wgrad), attention × the file's backward ratio,
+Backward GEMMs = dgrad + wgrad, each at the larger of its FLOPs and its HBM bytes (compute.gemm_time_s:
+twice the forward when compute-bound), attention × the file's backward ratio,
 elementwise × 2.
 """
 
@@ -14,7 +15,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 from autopar.cost import comm
-from autopar.cost.compute import attention_time_s, gemm_time_s, memory_bound_time_s
+from autopar.cost.compute import attention_time_s, gemm_pass_bytes, gemm_time_s, memory_bound_time_s
 from autopar.cost.params import CostParams
 from autopar.hardware import Cluster
 from autopar.model.graph import Layer
@@ -117,11 +118,16 @@ def _gemm_module(name: str) -> str:
 def _compute(layer: Layer, s: Split, cluster: Cluster, p: CostParams) -> tuple[float, float, dict[str, float]]:
     """Forward and backward compute seconds, and forward seconds by recompute module."""
     module_s: dict[str, float] = {}
-    gemm_fwd = 0.0
+    gemm_fwd = gemm_bwd = 0.0
+    operand_bytes = 1.0 if s.attn_peak_flops and s.peak_flops > s.attn_peak_flops else float(BF16_BYTES)  # fp8 GEMMs
+    hbm = cluster.hbm_bytes_per_s
     for g in layer.gemms:
         m, n, k, count = _gemm_shape(g, s)
-        t = gemm_time_s(m, n, k, s.peak_flops, p, count)
+        fwd_b, dgrad_b, wgrad_b = gemm_pass_bytes(m, n, k, operand_bytes)
+        t = gemm_time_s(m, n, k, s.peak_flops, p, count, fwd_b, hbm)
         gemm_fwd += t
+        gemm_bwd += (gemm_time_s(m, n, k, s.peak_flops, p, count, dgrad_b, hbm)
+                     + gemm_time_s(m, n, k, s.peak_flops, p, count, wgrad_b, hbm))
         mod = _gemm_module(g.name)
         if mod:
             module_s[mod] = module_s.get(mod, 0.0) + t
@@ -152,7 +158,7 @@ def _compute(layer: Layer, s: Split, cluster: Cluster, p: CostParams) -> tuple[f
     permute = moe_permute_s(layer, s, cluster, p) + moe_sort_chunks_s(layer, s, cluster, p)
     module_s["moe"] = module_s.get("moe", 0.0) + permute if layer.num_experts else module_s.get("moe", 0.0)
     fwd = gemm_fwd + attn_fwd + scores_s + ew_fwd + permute
-    bwd = 2.0 * gemm_fwd + attn_bwd + 2.0 * (ew_fwd + scores_s) + permute
+    bwd = gemm_bwd + attn_bwd + 2.0 * (ew_fwd + scores_s) + permute
     if layer.kind in ("dense", "moe", "mtp"):  # launch-bound floor: the GPU waits for the CPU
         fwd, bwd = max(fwd, p.layer_launch_floor_s), max(bwd, 2.0 * p.layer_launch_floor_s)
     return fwd, bwd, module_s
