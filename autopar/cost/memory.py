@@ -38,13 +38,15 @@ def model_state_bytes(params: float, framework: Framework, zero: int, shard: int
     }
 
 
-def fsdp_transient_bytes(stage_params: float, largest_layer_params: float, framework: Framework, zero: int) -> float:
-    """Unsharded bf16 weights alive at once: ZeRO-3/FSDP gathers about two layers (current and
-    prefetched); torchtitan's zero 2 (reshard_after_forward=False) keeps the stage's weights."""
+def fsdp_transient_bytes(stage_params: float, unit_params: float, framework: Framework, zero: int,
+                         bytes_per_unit_param: float) -> float:
+    """Unsharded weights (and gradients) alive at once: ZeRO-3/FSDP holds `bytes_per_unit_param` per
+    parameter of its largest gather unit (autopar.cost.frameworks, gathered_bytes_per_unit_param);
+    torchtitan's zero 2 (reshard_after_forward=False) keeps the stage's bf16 weights twice."""
     if framework == Framework.TORCHTITAN and zero == 2:
         return 2.0 * stage_params
     if zero >= 3:
-        return 2.0 * 2.0 * largest_layer_params
+        return bytes_per_unit_param * unit_params
     return 0.0
 
 
