@@ -127,3 +127,53 @@ def test_every_zero3_run_of_the_2021_comparison_fits_under_the_default_margin():
         pred = runner.predict(run, A100)
         assert pred.fits, run.run_id
         assert pred.plan.framework_release == "0.3"
+
+
+def test_grad_reduce_in_bf16_keeps_megatron_gradients_in_two_bytes():
+    """Megatron, distributed optimizer over 2 ranks, 1e9 parameters: weights 2e9 bytes, gradients
+    4e9 (fp32 main grads) or 2e9 (--grad-reduce-in-bf16), optimizer 12e9 / 2 = 6e9."""
+    from autopar.cost import memory
+
+    assert memory.model_state_bytes(1e9, "megatron", 1, 2) == {"weights": 2e9, "gradients": 4e9, "optimizer": 6e9}
+    g = memory.main_grad_bytes("megatron", True)
+    assert memory.model_state_bytes(1e9, "megatron", 1, 2, g) == {"weights": 2e9, "gradients": 2e9, "optimizer": 6e9}
+    bad = ParallelPlan(global_batch=8, seq_len=2048, framework="torchtitan", zero=3, grad_reduce_in_bf16=True)
+    out = plan_violations(bad, num_gpus=8, num_layers=32, num_heads=32, num_kv_heads=8)
+    assert any("grad_reduce_in_bf16 is Megatron's --grad-reduce-in-bf16" in v for v in out)
+
+
+def test_grad_reduce_in_bf16_round_trips_through_megatron_arguments():
+    from autopar.export import megatron_args
+    from autopar.export.importers import plan_from_megatron_args
+    from autopar.export.megatron_rules import megatron_violations, parse_megatron_argv
+    from autopar.model import load_spec
+    from autopar.schema.plan_file import PlanFile, PlanTarget
+
+    for on in (True, False):
+        plan = ParallelPlan(tp=2, global_batch=8, seq_len=2048, grad_reduce_in_bf16=on)
+        pf = PlanFile(autopar_version="test", parallel=plan,
+                      target=PlanTarget(model="llama3-8b", model_spec=load_spec("llama3-8b"), cluster="dgx-h100", gpus=8))
+        argv = megatron_args(pf)
+        assert ("--grad-reduce-in-bf16" in argv) is on
+        assert megatron_violations(parse_megatron_argv(argv), 8) == []
+        back, _ = plan_from_megatron_args(argv, num_gpus=8)
+        assert back.grad_reduce_in_bf16 is on
+
+
+def test_nemotron_340b_on_128_h100_fits_with_its_recipes_bf16_gradients():
+    """tp8 pp8 vpp12 dp2: 340B / 64 = 5.77e9 parameters per GPU; bf16 gradients save 2 bytes each
+    (10.75 GiB) over fp32 main grads, and the run fits under the default 10 % margin."""
+    run = next(r for r in load_runs({"nemo-24.07"}) if r.run_id == "nemo2407_h100_fp8_nemotron_340b_128gpu")
+    assert run.grad_reduce_in_bf16
+    _, h100 = load_cost_model("h100")
+    pred = runner.predict(run, h100)
+    assert pred.fits and pred.plan.grad_reduce_in_bf16
+    cluster = runner._cluster_for(run.cluster, run.num_gpus)
+    graph = runner._graph_for(run)
+    st = setup(graph, cluster, pred.plan, h100)
+    chunks = rank_chunks(assign_layers(graph, st.layout), st.layout)
+    _, b16, dense, _ = rank_memory(0, chunks[0], graph, pred.plan, st, h100)
+    assert b16["gradients"] == pytest.approx(2.0 * dense, rel=1e-9)
+    fp32 = pred.plan.model_copy(update={"grad_reduce_in_bf16": False})
+    _, b32, _, _ = rank_memory(0, chunks[0], graph, fp32, setup(graph, cluster, fp32, h100), h100)
+    assert b32["gradients"] - b16["gradients"] == pytest.approx(2.0 * dense, rel=1e-9)

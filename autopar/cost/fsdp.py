@@ -108,7 +108,7 @@ def exposed_per_microbatch_s(layers: list[tuple[Layer, LayerCost, str]], plan: P
     if plan.zero < 3 or span.size <= 1:
         return 0.0
     fw = framework_profile(plan.framework, plan.framework_release)
-    grad_bytes = GRAD_REDUCE_BYTES[plan.framework]
+    grad_bytes = 2.0 if plan.grad_reduce_in_bf16 else GRAD_REDUCE_BYTES[plan.framework]
     fwd_comm, fwd_compute, bwd_comm, bwd_compute, ahead = [], [], [], [], []
     limit = fw.prefetch_max_params
     n = span.size if fw.per_rank_copies else 1
@@ -119,8 +119,10 @@ def exposed_per_microbatch_s(layers: list[tuple[Layer, LayerCost, str]], plan: P
         fwd_s = c.fwd_compute_s / share
         bwd_s = (c.bwd_compute_s + (c.fwd_compute_s if mode == "full" else 0.0)) / share
         for u in units:
-            gather = comm.all_gather_s(u * BF16_BYTES, span, cluster, p) + per_rank_copies_s(u * BF16_BYTES, n, cluster, p)
-            reduce = comm.reduce_scatter_s(u * grad_bytes, span, cluster, p) + per_rank_copies_s(u * grad_bytes, n, cluster, p)
+            gather = (comm.all_gather_s(u * BF16_BYTES, span, cluster, p)
+                      + per_rank_copies_s(u * BF16_BYTES, n, cluster, p))
+            reduce = (comm.reduce_scatter_s(u * grad_bytes, span, cluster, p)
+                      + per_rank_copies_s(u * grad_bytes, n, cluster, p))
             fwd_comm.append(gather)
             fwd_compute.append(fwd_s)
             bwd_comm.append(backward_gathers * gather + reduce)

@@ -294,8 +294,9 @@ def rank_memory(rank: int, chunks: list[list[Layer]], graph: ModelGraph, plan: P
         s, w = stage_activation_bytes(chunk, plan, st.split.tokens)
         saved.append(s)
         work = max(work, w)
-    states = memory.model_state_bytes(dense, plan.framework, plan.zero, layout.dense_shard)
-    expert_states = memory.model_state_bytes(expert, plan.framework, plan.zero, layout.expert_shard)
+    g = memory.main_grad_bytes(plan.framework, plan.grad_reduce_in_bf16)
+    states = memory.model_state_bytes(dense, plan.framework, plan.zero, layout.dense_shard, g)
+    expert_states = memory.model_state_bytes(expert, plan.framework, plan.zero, layout.expert_shard, g)
     states = {k: states[k] + expert_states[k] for k in states}
     # Interleaved: the rank's in-flight chunks hold its mean chunk's activations.
     activations = layout.inflight[rank] * sum(saved) / len(saved)
@@ -303,7 +304,8 @@ def rank_memory(rank: int, chunks: list[list[Layer]], graph: ModelGraph, plan: P
     unit = largest  # a block: the rank's largest layer
     if plan.zero >= 3 and fw.gather_unit == "module":
         unit = fsdp.largest_unit_params([layer for chunk in chunks for layer in chunk], plan)
-    gathered = memory.fsdp_transient_bytes(dense + expert, unit, plan.framework, plan.zero, fw.gathered_bytes_per_unit_param)
+    gathered = memory.fsdp_transient_bytes(dense + expert, unit, plan.framework, plan.zero,
+                                           fw.gathered_bytes_per_unit_param)
     persistent = fw.persistent_gradients
     resident = memory.resident_state_bytes(states, persistent, st.m)
     fwd_bwd = resident + activations + work + gathered
@@ -329,7 +331,7 @@ def _dp_sync_s(dense: float, expert: float, st: StepSetup, cluster: Cluster, p: 
     stays once per step. ZeRO-3/FSDP: see autopar.cost.fsdp, nothing is charged here a second time."""
     if plan.zero >= 3:
         return 0.0, 0.0
-    g = MAIN_GRAD_BYTES[plan.framework]
+    g = 2.0 if plan.grad_reduce_in_bf16 else MAIN_GRAD_BYTES[plan.framework]
     step = per_microbatch = 0.0
     for params, span in ((dense, st.dp_span), (expert, st.edp_span)):
         if span.size <= 1 or params <= 0:
