@@ -3,8 +3,6 @@
 Every AutoparError becomes one line on stderr and exit code 2; no traceback reaches a user.
 """
 
-from __future__ import annotations
-
 import importlib
 import sys
 from enum import Enum
@@ -12,9 +10,10 @@ from typing import Annotated, Any, Callable, Optional
 
 import typer
 import typer.core
-from typer.core import TyperGroup
+from typer.core import TyperCommand, TyperGroup
 
 from autopar.choices import DEFAULT_MEMORY_MARGIN, Framework, Precision, RecomputeMode, default_zero
+from autopar.cli_coercion import FastParams
 from autopar.errors import AutoparError
 from autopar.limits import MAX_GLOBAL_BATCH, MAX_GPUS, MAX_LAYERS, MAX_SEQ_LEN, clip
 
@@ -49,7 +48,12 @@ MAX_MESSAGE_CHARS = 1000  # an error line longer than this is cut (every echoed 
 click = getattr(typer.core, "_click", None) or getattr(typer.core, "click")
 
 
-class _OneLineErrors(TyperGroup):
+class _Command(FastParams, TyperCommand):
+    """Every autopar command: Typer's, with option values converted without Pydantic where that
+    gives Pydantic's result (autopar.cli_coercion; issue 15: start-up)."""
+
+
+class _OneLineErrors(FastParams, TyperGroup):
     """Click/Typer usage errors (a bad option value, a missing or unknown option) as one line on
     stderr and exit code 2, through the same renderer as autopar's own errors."""
 
@@ -75,7 +79,14 @@ class _OneLineErrors(TyperGroup):
         sys.exit(code if isinstance(code, int) else 0)
 
 
-app = typer.Typer(cls=_OneLineErrors, add_completion=False, no_args_is_help=True, pretty_exceptions_enable=False,
+class _Typer(typer.Typer):
+    """typer.Typer whose commands are _Command unless a command names its own class."""
+
+    def command(self, *args: Any, cls: Any = None, **kwargs: Any) -> Any:
+        return super().command(*args, cls=cls or _Command, **kwargs)
+
+
+app = _Typer(cls=_OneLineErrors, add_completion=False, no_args_is_help=True, pretty_exceptions_enable=False,
                   rich_markup_mode=None,
                   help="autopar: plan how to split an LLM over GPUs, before a GPU is touched.")
 out: Any = _Lazy("out", _console(width=None if sys.stdout.isatty() else 120))
@@ -141,15 +152,16 @@ MarginOpt = Annotated[float, typer.Option("--memory-margin", min=0.0, max=0.9, c
 
 def _run(fn: Callable[[], Any]) -> Any:
     """Call fn; map domain errors to one line and exit code 2."""
-    from pydantic import ValidationError
-
-    from autopar.schema import one_line
-
     try:
         return fn()
     except AutoparError as exc:
         fail(str(exc))
-    except ValidationError as exc:  # a boundary model rejected a value the CLI passed through
+    except Exception as exc:
+        pydantic = sys.modules.get("pydantic")  # not imported: fn validated nothing, so nothing to map
+        if pydantic is None or not isinstance(exc, pydantic.ValidationError):
+            raise
+        from autopar.schema import one_line  # a boundary model rejected a value the CLI passed through
+
         fail(one_line(exc, "invalid value"))
 
 

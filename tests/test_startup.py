@@ -25,11 +25,16 @@ def test_importing_the_cli_imports_no_heavy_library():
     assert "numpy" not in loaded and "autopar.api" not in loaded  # the cost model waits for a command
 
 
+def _imported_by_command(argv: list[str]) -> set[str]:
+    return _imported_after(f"import sys\nsys.argv = ['autopar', *{argv!r}]\nimport autopar.cli\n"
+                           "try:\n    autopar.cli.main()\nexcept SystemExit:\n    pass")
+
+
 def test_help_and_models_import_no_heavy_library():
-    for argv in (["--help"], ["models"]):
-        loaded = _imported_after(f"import sys\nsys.argv = ['autopar', *{argv!r}]\nimport autopar.cli\n"
-                                 "try:\n    autopar.cli.main()\nexcept SystemExit:\n    pass")
-        assert not loaded & {*HEAVY, "numpy"}, (argv, loaded & {*HEAVY, "numpy"})
+    """Nor Pydantic: Typer's Pydantic converters are replaced where exact (autopar.cli_coercion)."""
+    for argv in (["--help"], ["models"], ["models", "--json"], ["plan", "--help"]):
+        loaded = _imported_by_command(argv)
+        assert not loaded & {*HEAVY, "numpy", "pydantic"}, (argv, loaded & {*HEAVY, "numpy", "pydantic"})
 
 
 def test_search_does_not_import_or_tools():
