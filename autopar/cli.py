@@ -4,6 +4,7 @@ Every AutoparError becomes one line on stderr and exit code 2; no traceback reac
 """
 
 import importlib
+import os
 import sys
 from enum import Enum
 from typing import Annotated, Any, Callable, Optional
@@ -543,6 +544,7 @@ def profile(
     as_json: JsonOpt = False,
 ) -> None:
     """Measure GEMM, attention, memory bandwidth and collectives here and write a cost-model file."""
+    _drop_process_env_default("OPENBLAS_NUM_THREADS")  # torch's CPU kernels may use OpenBLAS: all threads
     from autopar.profile import profile as run_profile
 
     _check_outputs([out_path], force)
@@ -705,8 +707,36 @@ def _emit_files(files: dict[str, str], out_path: str | None, force: bool = False
         sys.stdout.write(f"# ===== {name} =====\n{text}" + ("" if text.endswith("\n") else "\n"))
 
 
+# Environment defaults of the `autopar` process (issue 15: start-up), each kept when the user set it.
+PROCESS_ENV_DEFAULTS = {
+    # Pydantic scans every installed package's entry points for plugins when it builds autopar's
+    # first schema (25-40 ms with a framework stack installed); Typer turns them off the same way
+    # while it builds its own adapters. The command line has no use for one.
+    "PYDANTIC_DISABLE_PLUGINS": "__all__",
+    # autopar's NumPy work is elementwise, with no BLAS call; OpenBLAS's worker threads only spin
+    # while NumPy loads (about 45 ms of CPU on the 2-core development machine).
+    "OPENBLAS_NUM_THREADS": "1",
+}
+_ENV_SET_HERE: set[str] = set()  # the defaults main() set (the user had not)
+
+
+def _set_process_env_defaults() -> None:
+    for key, value in PROCESS_ENV_DEFAULTS.items():
+        if key not in os.environ:
+            os.environ[key] = value
+            _ENV_SET_HERE.add(key)
+
+
+def _drop_process_env_default(key: str) -> None:
+    """Unset a default of main()'s before a command loads a library that reads it differently."""
+    if key in _ENV_SET_HERE:
+        os.environ.pop(key, None)
+        _ENV_SET_HERE.discard(key)
+
+
 def main() -> None:
     """Console-script entry point."""
+    _set_process_env_defaults()
     try:
         app(standalone_mode=True)
     except KeyboardInterrupt:

@@ -66,3 +66,25 @@ def test_models_command_lists_every_preset_with_its_size():
     row = next(r for r in rows if r["name"] == "deepseek-v3")
     assert (row["total_params"], row["active_params"]) == (g.total_params, g.active_params)
     assert 6.7e11 < row["total_params"] < 6.9e11  # DeepSeek-V3: 671B + 14B MTP (arXiv 2412.19437)
+
+
+def test_cli_process_env_defaults_keep_what_the_user_set(monkeypatch):
+    """main() turns off Pydantic's plugin scan and OpenBLAS's spare threads, unless the user chose;
+    `profile` hands torch back every BLAS thread."""
+    from autopar import cli
+
+    monkeypatch.setattr(cli, "_ENV_SET_HERE", set())
+    monkeypatch.delenv("PYDANTIC_DISABLE_PLUGINS", raising=False)
+    monkeypatch.setenv("OPENBLAS_NUM_THREADS", "4")
+    cli._set_process_env_defaults()
+    import os
+
+    assert os.environ["PYDANTIC_DISABLE_PLUGINS"] == "__all__"
+    assert os.environ["OPENBLAS_NUM_THREADS"] == "4"  # the user's
+    cli._drop_process_env_default("OPENBLAS_NUM_THREADS")
+    assert os.environ["OPENBLAS_NUM_THREADS"] == "4"  # not ours to drop
+    monkeypatch.delenv("OPENBLAS_NUM_THREADS")
+    cli._set_process_env_defaults()
+    assert os.environ["OPENBLAS_NUM_THREADS"] == "1"
+    cli._drop_process_env_default("OPENBLAS_NUM_THREADS")
+    assert "OPENBLAS_NUM_THREADS" not in os.environ
