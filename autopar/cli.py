@@ -200,7 +200,9 @@ def models(as_json: JsonOpt = False) -> None:
 @app.command()
 def clusters(as_json: JsonOpt = False) -> None:
     """List the shipped cluster profiles."""
-    rows = _run(api.clusters)
+    from autopar.hardware import cluster_rows  # what api.clusters returns, without importing the cost model
+
+    rows = _run(cluster_rows)
     if as_json:
         _emit_json({"clusters": rows})
     else:

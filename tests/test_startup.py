@@ -88,3 +88,46 @@ def test_cli_process_env_defaults_keep_what_the_user_set(monkeypatch):
     assert os.environ["OPENBLAS_NUM_THREADS"] == "1"
     cli._drop_process_env_default("OPENBLAS_NUM_THREADS")
     assert "OPENBLAS_NUM_THREADS" not in os.environ
+
+
+def test_cost_model_for_gpu_validates_only_the_file_that_covers_it(monkeypatch):
+    """Each shipped cluster's GPU gets the first shipped cost model naming it (brute force: validate
+    every file), and only that file is validated."""
+    from autopar.cost import params
+    from autopar.hardware import list_clusters, load_profile
+
+    validate = params.read_cost_model_file
+    files = {n: validate(params.data_dir("cost_models") / f"{n}.json") for n in params.list_cost_models()}
+    read: list[str] = []
+    monkeypatch.setattr(params, "read_cost_model_file", lambda path: read.append(path.stem) or validate(path))
+    try:
+        for cluster in list_clusters():
+            gpu = load_profile(cluster).gpu.name
+            expected = next(n for n, f in files.items() if gpu in f.gpus)
+            params.load_cost_model.cache_clear()
+            read.clear()
+            f, p = params.cost_model_for_gpu(gpu)
+            assert (f, read) == (files[expected], [expected]), cluster
+            assert p == params.params_from_file(files[expected])
+    finally:
+        params.load_cost_model.cache_clear()
+
+
+def test_shipped_profiles_parse_alike_with_libyaml():
+    """Shipped cluster profiles are read with libyaml's parser (when PyYAML has it): the same data as
+    the pure-Python SafeLoader gives."""
+    import yaml
+
+    from autopar import hardware
+
+    names = hardware.list_clusters()
+    assert names
+    for name in names:
+        path = hardware._shipped_path(name)
+        text = path.read_text(encoding="utf-8")
+        assert hardware._read_yaml(path, fast=True) == yaml.safe_load(text) == hardware._read_yaml(path), name
+
+
+def test_clusters_imports_neither_the_cost_model_nor_numpy():
+    loaded = _imported_by_command(["clusters", "--json"])
+    assert not loaded & {*HEAVY, "numpy", "autopar.api", "autopar.cost"}, loaded & {*HEAVY, "numpy", "autopar.api"}
