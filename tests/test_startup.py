@@ -131,3 +131,10 @@ def test_shipped_profiles_parse_alike_with_libyaml():
 def test_clusters_imports_neither_the_cost_model_nor_numpy():
     loaded = _imported_by_command(["clusters", "--json"])
     assert not loaded & {*HEAVY, "numpy", "autopar.api", "autopar.cost"}, loaded & {*HEAVY, "numpy", "autopar.api"}
+
+
+def test_option_values_are_read_without_typers_pydantic_adapters():
+    """A command given int, float, str and flag options converts them all on autopar's fast path."""
+    loaded = _imported_by_command(["estimate", "llama3-8b", "-c", "dgx-h100", "-n", "8", "-b", "8", "--tp", "2",
+                                   "--memory-margin", "0.2", "--recompute", "full", "--sp", "--json"])
+    assert "autopar.api" in loaded and "typer._adapters" not in loaded
