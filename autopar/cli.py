@@ -88,8 +88,8 @@ class _Typer(typer.Typer):
 
 
 app = _Typer(cls=_OneLineErrors, add_completion=False, no_args_is_help=True, pretty_exceptions_enable=False,
-                  rich_markup_mode=None,
-                  help="autopar: plan how to split an LLM over GPUs, before a GPU is touched.")
+             rich_markup_mode=None,
+             help="autopar: plan how to split an LLM over GPUs, before a GPU is touched.")
 out: Any = _Lazy("out", _console(width=None if sys.stdout.isatty() else 120))
 err: Any = _Lazy("err", _console(stderr=True))
 
