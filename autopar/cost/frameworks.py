@@ -30,6 +30,18 @@ Sources, per field:
   the recompute of an AC-wrapped block runs inside the block's unsharded backward (two gathers).
   DeepSpeed prefetches at most stage3_prefetch_bucket_size parameters ahead (default 5e7, DeepSpeed
   config docs, ZeRO section), so a module larger than that is gathered only when it is needed.
+- context parallelism: Megatron-Core hands CP to Transformer Engine's attention (--cp-comm-type
+  p2p/a2a/allgather), which moves K/V with their own (grouped) heads. torchtitan (9dec370, Dec 2024)
+  runs PyTorch's ring attention (torch/distributed/tensor/experimental/_attention.py at torch
+  1963fc8): it replaces F.scaled_dot_product_attention, so it sees the K/V that torchtitan's Llama
+  has already repeated to the query heads (models/llama/model.py repeat_kv before SDPA); its
+  "allgather" rotate method (torchtitan's default, --experimental.context_parallel_rotate_method)
+  gathers every rank's K/V once, behind the first SDPA step; it merges each step's output and
+  log-sum-exp into an fp32 running output (_SDPAMerger, convert_to_f32=True), accumulates dq/dk/dv
+  in fp32 and passes the running fp32 dK/dV to the next rank after every backward step
+  (_AllToAllRotater), waiting for the last one right after the loop. Under CP torchtitan restricts
+  SDPA to the flash and memory-efficient backends (utils.get_train_context) and flash (FA2) is
+  chosen; without CP flash is chosen too, cuDNN SDPA being opt-in since pytorch#138522.
 """
 
 from __future__ import annotations
@@ -50,6 +62,8 @@ class FrameworkProfile:
     gathers_under_full_recompute: int  # parameter all-gathers per microbatch with full recompute
     prefetch_depth: int  # chunks gathered ahead of the one computing
     prefetch_max_params: float | None = None  # a unit larger than this is not prefetched (None = any)
+    cp_ring: str = "te"  # "te": Transformer Engine's CP attention | "torch": PyTorch's ring (fp32 merge, dK/dV ring)
+    cp_repeats_kv_heads: bool = False  # CP moves K/V repeated to the query heads (GQA expanded before SDPA)
 
     def attention_kernel(self, arch: str) -> str:
         return dict(self.attention_kernel_by_arch).get(arch, "fa2")
@@ -71,7 +85,8 @@ FRAMEWORK_PROFILES: dict[str, FrameworkProfile] = {
         name="torchtitan", version="torchtitan 0.x (Dec 2024 - 0.3) on PyTorch 2.5+",
         attention_kernel_by_arch=(("ampere", "fa2"), ("hopper", "fa2"), ("blackwell", "fa2")),
         selective_policy="op_sac", fused_cross_entropy=False, persistent_gradients=False,
-        fp8_one_byte_saved_inputs=False, gather_unit="block", gathers_under_full_recompute=2, prefetch_depth=1),
+        fp8_one_byte_saved_inputs=False, gather_unit="block", gathers_under_full_recompute=2, prefetch_depth=1,
+        cp_ring="torch", cp_repeats_kv_heads=True),
 }
 
 
