@@ -36,12 +36,13 @@ def _spans(cp: int) -> Spans:
 
 def test_torchtitan_profile_runs_torch_ring_with_repeated_kv_heads():
     titan, megatron = framework_profile("torchtitan"), framework_profile("megatron")
-    assert (titan.cp_ring, titan.cp_repeats_kv_heads) == ("torch", True)
-    assert (megatron.cp_ring, megatron.cp_repeats_kv_heads) == ("te", False)
+    assert (titan.cp_ring, titan.cp_repeats_kv_heads, titan.cp_comm_overlapped) == ("torch", True, False)
+    assert (megatron.cp_ring, megatron.cp_repeats_kv_heads, megatron.cp_comm_overlapped) == ("te", False, True)
     plan = ParallelPlan(global_batch=1, seq_len=262144, cp=8, framework="torchtitan", cp_comm_type="allgather",
                         recompute={"mode": "full"})
     st = setup(LLAMA8, TITAN, plan, P)
     assert st.split.cp_ring == "torch" and st.split.cp_repeats_kv_heads and st.split.tokens == 32768
+    assert not st.split.cp_comm_overlapped
 
 
 def test_cp_moves_repeated_kv_heads_under_torchtitan():
@@ -87,6 +88,10 @@ def test_ring_comm_allgather_behind_one_step_and_last_dkv_exposed():
     # no compute to hide behind: everything is exposed
     fwd0, bwd0 = torch_ring_comm_s(LAYER, s, spans, TITAN, p, attn_fwd_s=0.0, attn_bwd_s=0.0)
     assert fwd0 == pytest.approx(gather, rel=1e-12) and bwd0 == pytest.approx(gather + 8 * dkv, rel=1e-12)
+    # compiled, each transfer is waited on where it is issued: a long step hides nothing
+    compiled = _split(cp_comm_overlapped=False)
+    fwd_c, bwd_c = torch_ring_comm_s(LAYER, compiled, spans, TITAN, p, attn_fwd_s=8.0, attn_bwd_s=20.0)
+    assert fwd_c == pytest.approx(gather, rel=1e-12) and bwd_c == pytest.approx(gather + 8 * dkv, rel=1e-12)
     # the alltoall rotate method sends K/V cp - 1 times instead of one all-gather
     send = comm.send_recv_s(kv, False, TITAN, p)
     fwd_a2a, _ = torch_ring_comm_s(LAYER, _split(cp_comm_type="p2p"), spans, TITAN, p, 0.0, 0.0)
@@ -101,3 +106,19 @@ def test_megatron_cp_unchanged_by_the_torch_ring():
     attn = dict(cost.module_recompute_s)["core_attn"]
     assert cost.cp_comm_fwd_s == pytest.approx(max(7 * step * (1 - P.cp_overlap), 7 * step - attn), rel=1e-12)
 
+
+
+def test_torchtitan_cp8_layer_pays_gather_dkv_and_merges():
+    # Llama 3.1 8B at 256K on 8 GPUs, cp 8 (torchtitan Table 2's last row): per layer the forward pays
+    # the K/V all-gather (8 × 512 MiB) and the merges; the backward the all-gather and 8 fp32 dK/dV sends.
+    plan = ParallelPlan(global_batch=1, seq_len=262144, cp=8, framework="torchtitan", cp_comm_type="allgather",
+                        recompute={"mode": "full"}, zero=3, precision="fp8")
+    st = setup(LLAMA8, TITAN, plan, P)
+    cost = layer_cost(LAYER, st.split, st.spans, TITAN, P, False)
+    gather = comm.all_gather_s(8 * 512 * MiB, st.spans.cp, TITAN, P)
+    dkv = comm.send_recv_s(1024 * MiB, False, TITAN, P)
+    assert cost.cp_comm_fwd_s == pytest.approx(gather, rel=1e-12)
+    assert cost.cp_comm_bwd_s == pytest.approx(gather + 8 * dkv, rel=1e-12)
+    merge_fwd, _ = torch_ring_merge_s(LAYER, st.split, TITAN, P)
+    te = layer_cost(LAYER, replace(st.split, cp_ring="te"), st.spans, TITAN, P, False)
+    assert cost.fwd_compute_s - te.fwd_compute_s == pytest.approx(merge_fwd, rel=1e-9)

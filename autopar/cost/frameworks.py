@@ -39,7 +39,11 @@ Sources, per field:
   gathers every rank's K/V once, behind the first SDPA step; it merges each step's output and
   log-sum-exp into an fp32 running output (_SDPAMerger, convert_to_f32=True), accumulates dq/dk/dv
   in fp32 and passes the running fp32 dK/dV to the next rank after every backward step
-  (_AllToAllRotater), waiting for the last one right after the loop. Under CP torchtitan restricts
+  (_AllToAllRotater), waiting for the last one right after the loop. torchtitan compiles each
+  block (parallelize_llama.apply_compile, fullgraph), and a functional collective traced by
+  torch.compile is waited on right where it is issued (torch/distributed/_functional_collectives.py
+  _maybe_wrap_tensor: wait_tensor when tracing; Inductor's reorder_for_compute_comm_overlap is off
+  by default), so none of these transfers overlaps an SDPA step. Under CP torchtitan restricts
   SDPA to the flash and memory-efficient backends (utils.get_train_context) and flash (FA2) is
   chosen; without CP flash is chosen too, cuDNN SDPA being opt-in since pytorch#138522.
 """
@@ -64,6 +68,7 @@ class FrameworkProfile:
     prefetch_max_params: float | None = None  # a unit larger than this is not prefetched (None = any)
     cp_ring: str = "te"  # "te": Transformer Engine's CP attention | "torch": PyTorch's ring (fp32 merge, dK/dV ring)
     cp_repeats_kv_heads: bool = False  # CP moves K/V repeated to the query heads (GQA expanded before SDPA)
+    cp_comm_overlapped: bool = True  # CP transfers run behind attention (False: waited where issued)
 
     def attention_kernel(self, arch: str) -> str:
         return dict(self.attention_kernel_by_arch).get(arch, "fa2")
@@ -86,7 +91,7 @@ FRAMEWORK_PROFILES: dict[str, FrameworkProfile] = {
         attention_kernel_by_arch=(("ampere", "fa2"), ("hopper", "fa2"), ("blackwell", "fa2")),
         selective_policy="op_sac", fused_cross_entropy=False, persistent_gradients=False,
         fp8_one_byte_saved_inputs=False, gather_unit="block", gathers_under_full_recompute=2, prefetch_depth=1,
-        cp_ring="torch", cp_repeats_kv_heads=True),
+        cp_ring="torch", cp_repeats_kv_heads=True, cp_comm_overlapped=False),
 }
 
 

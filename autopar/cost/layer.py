@@ -53,6 +53,7 @@ class Split:
     attention_kernel: str = "fa2"  # flash kernel family the framework launches on this GPU
     cp_ring: str = "te"  # CP attention implementation (autopar.cost.frameworks): "te" | "torch"
     cp_repeats_kv_heads: bool = False  # CP moves K/V repeated to the query heads
+    cp_comm_overlapped: bool = True  # torch ring: transfers hidden behind SDPA steps (False: waited where issued)
 
 
 @dataclass(frozen=True, slots=True)
@@ -234,11 +235,15 @@ def torch_ring_comm_s(layer: Layer, s: Split, spans: Spans, cluster: Cluster, p:
     alltoall rotate method (cp_comm_type p2p): cp − 1 sends of K/V to the next rank, each behind a step;
     backward, both methods: after every step the running fp32 dK/dV (2·KV bytes) goes to the next
       rank (_AllToAllRotater), hidden behind the next step, and the last one is waited for right
-      after the loop, fully exposed. A hidden transfer still exposes (1 − cp_overlap) of itself."""
+      after the loop, fully exposed. A hidden transfer still exposes (1 − cp_overlap) of itself.
+    Compiled (torchtitan), every transfer is waited on where it is issued and hides behind nothing
+    (s.cp_comm_overlapped False; autopar.cost.frameworks)."""
     kv = cp_kv_bytes(layer, s)
     step_fwd, step_bwd = attn_fwd_s / s.cp, attn_bwd_s / s.cp
 
     def behind(t: float, window: float) -> float:
+        if not s.cp_comm_overlapped:
+            return t
         return max(t * (1.0 - p.cp_overlap), t - window)
 
     if s.cp_comm_type == "allgather":

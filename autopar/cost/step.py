@@ -173,7 +173,8 @@ def setup(graph: ModelGraph, cluster: Cluster, plan: ParallelPlan, p: CostParams
                   tokens=tokens, seq_len=plan.seq_len, hidden=graph.spec.hidden_size,
                   peak_flops=peak, moe_load=load, cp_comm_type=plan.cp_comm_type, moe_dispatcher=plan.moe_dispatcher,
                   attn_peak_flops=bf16_peak, attention_kernel=fw.attention_kernel(gpu_arch(cluster.gpu_name)),
-                  cp_ring=fw.cp_ring, cp_repeats_kv_heads=fw.cp_repeats_kv_heads)
+                  cp_ring=fw.cp_ring, cp_repeats_kv_heads=fw.cp_repeats_kv_heads,
+                  cp_comm_overlapped=fw.cp_comm_overlapped)
     return StepSetup(layout=layout, split=split)
 
 
