@@ -154,7 +154,7 @@ def _compute(layer: Layer, s: Split, cluster: Cluster, p: CostParams) -> tuple[f
     # torchtitan's per-op SAC recomputes every second matmul and all elementwise ops (norms,
     # activation, rope), and keeps the SDPA output (autopar.cost.frameworks).
     module_s[OP_SAC] = 0.5 * gemm_fwd + ew_fwd
-    permute = moe_permute_s(layer, s, cluster, p)
+    permute = moe_permute_s(layer, s, cluster, p) + moe_sort_chunks_s(layer, s, cluster, p)
     module_s["moe"] = module_s.get("moe", 0.0) + permute if layer.num_experts else module_s.get("moe", 0.0)
     fwd = gemm_fwd + attn_fwd + scores_s + ew_fwd + permute
     bwd = 2.0 * gemm_fwd + attn_bwd + 2.0 * (ew_fwd + scores_s) + permute
@@ -173,6 +173,20 @@ def moe_permute_s(layer: Layer, s: Split, cluster: Cluster, p: CostParams) -> fl
         return 0.0
     routed = s.tokens / (s.tp if s.sp else 1) * layer.top_k * s.hidden * BF16_BYTES
     return memory_bound_time_s(2.0 * routed * (1.0 + s.moe_load), cluster.hbm_bytes_per_s, p, kernels=2)
+
+
+def moe_sort_chunks_s(layer: Layer, s: Split, cluster: Cluster, p: CostParams) -> float:
+    """Megatron alltoall dispatcher's second permutation (megatron/core/transformer/moe/
+    token_dispatcher.py, sort_chunks_by_idxs, MCore 0.9 onwards, e.g. commit f1f03922): with more
+    than one local expert, the tokens a rank holds after the all-to-all and the ETP all-gather
+    (T/tp·k·etp routed copies, the busiest rank's load) are split into tp·ep·local chunks and
+    concatenated in expert order; the expert output is restored the same way. Two copies (read +
+    write) of that tensor per pass; backward copies the gradients back (split's backward is a cat).
+    Ignores the CPU time of splitting into tp·ep·local views."""
+    if not layer.num_experts or s.moe_dispatcher != "alltoall" or layer.num_experts // s.ep <= 1:
+        return 0.0
+    gathered = s.tokens / (s.tp if s.sp else 1) * layer.top_k * s.etp * s.moe_load * s.hidden * BF16_BYTES
+    return memory_bound_time_s(2.0 * 2.0 * gathered, cluster.hbm_bytes_per_s, p, kernels=2)
 
 
 def _tp_comm(layer: Layer, s: Split, spans: Spans, cluster: Cluster, p: CostParams, tp_overlap: bool) -> float:
@@ -276,20 +290,47 @@ def _cp_comm(layer: Layer, s: Split, spans: Spans, cluster: Cluster, p: CostPara
     return max(total * (1.0 - p.cp_overlap), total - attn_fwd_s)
 
 
+# Bytes per expert of the token counts the alltoall dispatcher gathers (torch.histc's fp32 output).
+_COUNT_BYTES = 4
+
+
+def moe_count_gather_s(layer: Layer, s: Split, spans: Spans, cluster: Cluster, p: CostParams) -> float:
+    """Forward only: the alltoall dispatcher's preprocess all-gathers every rank's tokens-per-expert
+    counts over the etp·ep group (token_dispatcher.py `_gather_along_first_dim_moe`, MCore 0.9+,
+    e.g. commit f1f03922) to size the variable all-to-all; the host then synchronises on those
+    counts (`torch.cuda.current_stream().synchronize()` before the all-to-all), so this tiny,
+    latency-bound ring (etp·ep − 1 steps) cannot hide behind compute. Ignores the host round trip."""
+    if not layer.num_experts or s.moe_dispatcher != "alltoall" or s.ep * s.etp <= 1:
+        return 0.0
+    span = _etp_ep_span(spans)
+    return comm.all_gather_s(layer.num_experts * _COUNT_BYTES * span.size, span, cluster, p)
+
+
+def _etp_ep_span(spans: Spans) -> comm.GroupSpan:
+    """The etp·ep group (Megatron's tensor-and-expert group): etp ranks fastest, then ep."""
+    nodes = spans.ep.nodes * spans.etp.nodes
+    size = spans.ep.size * spans.etp.size
+    return comm.GroupSpan(size, max(1, size // nodes), nodes)
+
+
 def _ep_comm(layer: Layer, s: Split, spans: Spans, cluster: Cluster, p: CostParams) -> float:
-    """Forward token dispatch + combine over the EP group: two all-to-alls of the routed tokens
-    (Megatron alltoall dispatcher; the busiest rank receives `moe_load` × the mean), or an
-    all-gather of every rank's tokens and a reduce-scatter of the outputs (allgather dispatcher);
-    plus an all-gather/reduce-scatter over ETP when etp > 1."""
+    """Forward token dispatch + combine of one MoE layer (the backward moves the same bytes;
+    moe_count_gather_s is forward only). Megatron-Core token_dispatcher.py (MCore 0.9+, e.g.
+    commit f1f03922):
+    alltoall: two all-to-alls of the routed token copies over EP (the busiest rank receives
+      `moe_load` × the mean), then with etp > 1 an all-gather of the received copies over ETP
+      before the experts and a reduce-scatter after them;
+    allgather: one all-gather of every rank's tokens (not the top-k copies) over the etp·ep group
+      before the experts select theirs, and one reduce-scatter of the outputs back."""
     if not layer.num_experts:
         return 0.0
     local_tokens = s.tokens / (s.tp if s.sp else 1)
-    routed_bytes = local_tokens * layer.top_k * s.hidden * BF16_BYTES * s.moe_load
     if s.moe_dispatcher == "allgather":
-        gathered = local_tokens * s.hidden * BF16_BYTES * spans.ep.size
-        t = comm.all_gather_s(gathered, spans.ep, cluster, p) + comm.reduce_scatter_s(gathered, spans.ep, cluster, p)
-    else:
-        t = 2.0 * comm.all_to_all_s(routed_bytes, spans.ep, cluster, p)
+        span = _etp_ep_span(spans)
+        gathered = local_tokens * s.hidden * BF16_BYTES * span.size
+        return comm.all_gather_s(gathered, span, cluster, p) + comm.reduce_scatter_s(gathered, span, cluster, p)
+    routed_bytes = local_tokens * layer.top_k * s.hidden * BF16_BYTES * s.moe_load
+    t = 2.0 * comm.all_to_all_s(routed_bytes, spans.ep, cluster, p)
     if s.etp > 1:
         t += comm.all_gather_s(routed_bytes * s.etp, spans.etp, cluster, p)
         t += comm.reduce_scatter_s(routed_bytes * s.etp, spans.etp, cluster, p)
@@ -308,7 +349,8 @@ def layer_cost(layer: Layer, s: Split, spans: Spans, cluster: Cluster, p: CostPa
         cp = _cp_comm(layer, s, spans, cluster, p, module_s["core_attn"])
         cp_bwd = _cp_comm(layer, s, spans, cluster, p, module_s["core_attn"] * p.attention_backward_ratio / 2) * 2
     ep = _ep_comm(layer, s, spans, cluster, p)
+    ep_fwd = ep + moe_count_gather_s(layer, s, spans, cluster, p)
     return LayerCost(
         fwd_compute_s=fwd, bwd_compute_s=bwd, tp_comm_fwd_s=tp, tp_comm_bwd_s=tp, cp_comm_fwd_s=cp,
-        cp_comm_bwd_s=cp_bwd, ep_comm_fwd_s=ep, ep_comm_bwd_s=ep, module_recompute_s=tuple(sorted(module_s.items())),
+        cp_comm_bwd_s=cp_bwd, ep_comm_fwd_s=ep_fwd, ep_comm_bwd_s=ep, module_recompute_s=tuple(sorted(module_s.items())),
     )

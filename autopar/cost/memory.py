@@ -63,15 +63,26 @@ FP8_SAVED_GEMM_INPUTS = frozenset({"attn_norm_output", "attn_context", "mlp_norm
                                    "expert_act_output", "shared_act_output"})
 
 
+# The routed-expert tensor saved at the ETP-gathered size: the experts' first GEMM input. Megatron's
+# alltoall dispatcher all-gathers the received tokens over the ETP group before the experts
+# (token_dispatcher.py gather_from_sequence_parallel_region, MCore 0.9+, e.g. commit f1f03922) and
+# the linear keeps that full-width input for its weight gradient; the experts' intermediate tensors
+# are etp-split in width, so only this one grows by etp.
+ETP_GATHERED_ACTIVATIONS = frozenset({"expert_input"})
+
+
 def saved_activation_bytes(layer: Layer, tokens: float, seq_len: int, tp: int, sp: bool, recompute: str,
-                           modules: tuple[str, ...] = (), fp8: bool = False, policy: str = "modules") -> float:
+                           modules: tuple[str, ...] = (), fp8: bool = False, policy: str = "modules",
+                           etp: int = 1) -> float:
     """Bytes `layer` saves for backward for `tokens` tokens on one GPU (tokens already divided by cp).
 
     recompute "full": only the layer input ("layer_input" tensors) is kept; "selective": tensors of
     the listed modules are dropped (policy "modules", Megatron), or under torchtitan's per-op policy
     ("op_sac") see op_sac_saved_bytes; "none": everything is kept. Source: Korthikanti et al. 2022
     §4 (34·sbh/t with selective, 2·sbh/t with full, under tp + sp). `fp8`: Transformer Engine's
-    1-byte saved GEMM inputs (pass False for torchao float8, which saves bf16 inputs).
+    1-byte saved GEMM inputs (pass False for torchao float8, which saves bf16 inputs). `etp`: the
+    expert tensor-parallel degree; the experts' input is saved gathered over it
+    (ETP_GATHERED_ACTIVATIONS).
     """
     if recompute == "selective" and policy == "op_sac" and layer.kind in ("dense", "moe"):
         return op_sac_saved_bytes(layer, tokens, tp, sp)
@@ -85,6 +96,8 @@ def saved_activation_bytes(layer: Layer, tokens: float, seq_len: int, tp: int, s
         per_token = act.bytes_per_token + act.bytes_per_token_per_seq * keys
         if fp8 and act.name in FP8_SAVED_GEMM_INPUTS:
             per_token /= 2
+        if act.name in ETP_GATHERED_ACTIVATIONS:
+            per_token *= etp
         total += per_token * tokens / activation_divisor(act.split, tp, sp)
     return total
 

@@ -267,10 +267,11 @@ def stage_activation_bytes(stage: list[Layer], plan: ParallelPlan, tokens: float
             mode = _recompute_mode(plan, position)
             position += 1
         kept = memory.saved_activation_bytes(layer, tokens, plan.seq_len, plan.tp, sp, mode, plan.recompute.modules,
-                                             fp8, fw.selective_policy)
+                                             fp8, fw.selective_policy, plan.expert_tp)
         saved += kept
         if mode != RecomputeMode.NONE:
-            full = memory.saved_activation_bytes(layer, tokens, plan.seq_len, plan.tp, sp, RecomputeMode.NONE, fp8=fp8)
+            full = memory.saved_activation_bytes(layer, tokens, plan.seq_len, plan.tp, sp, RecomputeMode.NONE, fp8=fp8,
+                                                 etp=plan.expert_tp)
             work = max(work, full - kept)
         if layer.kind == "head":
             vocab = next(g.n for g in layer.gemms if g.split == "vocab")
