@@ -85,3 +85,25 @@ def test_allgather_dispatcher_gathers_tokens_once_over_the_etp_ep_group():
     cost = layer_cost(MOE, s, spans, H800, P, tp_overlap=False)
     assert cost.ep_comm_fwd_s == pytest.approx(2 * one, rel=1e-12)
     assert cost.ep_comm_bwd_s == cost.ep_comm_fwd_s  # no count gather, no host sync
+
+
+def test_skinny_expert_gemms_are_held_to_the_hbm_roofline():
+    from autopar.cost.compute import GEMM_STREAM_HBM_EFFICIENCY, gemm_efficiency, gemm_pass_bytes, gemm_time_s
+
+    # A DeepSeek-V3 expert fc1 with 128 tokens: m 128, n 4096 (gate + up), k 7168, bf16.
+    m, n, k = 128, 4096, 7168
+    fwd_b, dgrad_b, wgrad_b = gemm_pass_bytes(m, n, k, 2)
+    assert fwd_b == 2 * (128 * 7168 + 7168 * 4096) + 2 * 128 * 4096 == 61_603_840
+    assert dgrad_b == 2 * (128 * 4096 + 4096 * 7168) + 2 * 128 * 7168 == 61_603_840
+    assert wgrad_b == 2 * (128 * 7168 + 128 * 4096) + 8 * 7168 * 4096 == 237_764_608  # fp32 main grad r+w
+    hbm = H800.hbm_bytes_per_s * GEMM_STREAM_HBM_EFFICIENCY  # 3.35 TB/s · 0.83
+    compute = 2 * m * n * k / (989e12 * gemm_efficiency(m, n, k, P))
+    assert fwd_b / hbm > compute  # memory-bound: 22 us of weight traffic vs 14 us of FLOPs
+    assert gemm_time_s(m, n, k, 989e12, P, 32, fwd_b, H800.hbm_bytes_per_s) == \
+        pytest.approx(32 * (fwd_b / hbm + P.kernel_overhead_s), rel=1e-12)
+    assert gemm_time_s(m, n, k, 989e12, P, 1, wgrad_b, H800.hbm_bytes_per_s) == \
+        pytest.approx(wgrad_b / hbm + P.kernel_overhead_s, rel=1e-12)
+    # A dense GEMM with 8192 tokens stays compute-bound: the floor changes nothing.
+    big = gemm_pass_bytes(8192, 4096, 4096, 2)
+    for b in big:
+        assert gemm_time_s(8192, 4096, 4096, 989e12, P, 1, b, H800.hbm_bytes_per_s) == gemm_time_s(8192, 4096, 4096, 989e12, P)

@@ -38,11 +38,34 @@ def _interpolate_gemm(m: float, n: float, k: float, table: tuple) -> float:
     return sum(w * e for w, (_, e) in zip(weights, nearest)) / sum(weights)
 
 
-def gemm_time_s(m: float, n: float, k: float, peak_flops: float, p: CostParams, count: float = 1.0) -> float:
-    """`count` identical GEMMs of shape (m, n, k). Source: 2·m·n·k FLOPs per GEMM (one FMA = 2 FLOPs)."""
+# Share of the datasheet HBM bandwidth a GEMM's operand and result streams reach: our H200
+# device-to-device copy, 4.00 of 4.8 TB/s (cost_models/measured/h200_kernels.json, hbm_copy_bytes_per_s).
+GEMM_STREAM_HBM_EFFICIENCY = 0.83
+
+
+def gemm_time_s(m: float, n: float, k: float, peak_flops: float, p: CostParams, count: float = 1.0,
+                bytes_moved: float = 0.0, hbm_bytes_per_s: float = 0.0) -> float:
+    """`count` identical GEMMs of shape (m, n, k): the larger of 2·m·n·k FLOPs at the shape's
+    efficiency and `bytes_moved` (operands read, result written) at HBM speed, the roofline
+    (Williams et al. 2009, "Roofline", CACM 52(4)); the second binds for skinny GEMMs such as
+    fine-grained experts with a few hundred tokens each. Without bytes or bandwidth: FLOPs only."""
     if m <= 0 or n <= 0 or k <= 0:
         return 0.0
-    return count * (2.0 * m * n * k / (peak_flops * gemm_efficiency(m, n, k, p)) + p.kernel_overhead_s)
+    compute_s = 2.0 * m * n * k / (peak_flops * gemm_efficiency(m, n, k, p))
+    memory_s = bytes_moved / (hbm_bytes_per_s * GEMM_STREAM_HBM_EFFICIENCY) if hbm_bytes_per_s > 0 else 0.0
+    return count * (max(compute_s, memory_s) + p.kernel_overhead_s)
+
+
+def gemm_pass_bytes(m: float, n: float, k: float, input_bytes: float) -> tuple[float, float, float]:
+    """HBM bytes of one linear's three GEMMs, y = x·W with x (m × k), W (k × n): forward reads x
+    and W and writes y (bf16); dgrad reads dy and W and writes dx (bf16); wgrad reads x and dy and
+    reads + writes the fp32 main gradient it accumulates into (Megatron
+    --gradient-accumulation-fusion, on by default; TE's fuse_wgrad_accumulation). `input_bytes`
+    per operand element: 2 (bf16) or 1 (fp8 casts)."""
+    fwd = input_bytes * (m * k + k * n) + 2.0 * m * n
+    dgrad = input_bytes * (m * n + n * k) + 2.0 * m * k
+    wgrad = input_bytes * (m * k + m * n) + 8.0 * k * n
+    return fwd, dgrad, wgrad
 
 
 def attention_efficiency(seq_len: float, p: CostParams, unfused: bool = False, rate: float | None = None) -> float:

@@ -5,7 +5,8 @@ Splitting (Megatron-Core): column/row-parallel GEMMs see all T tokens of the mic
 divided by tp; replicated GEMMs (router, MLA down-projections) see T/tp tokens under sp; routed
 experts see T/tp · top_k tokens per rank spread over E/ep local experts (balanced routing times a
 stated imbalance factor), each ETP-split; attention heads are divided by tp and tokens by cp.
-Backward = 2 × forward GEMM time (dgrad + wgrad), attention × the file's backward ratio,
+Backward GEMMs = dgrad + wgrad, each at the larger of its FLOPs and its HBM bytes (compute.gemm_time_s:
+twice the forward when compute-bound), attention × the file's backward ratio,
 elementwise × 2.
 """
 
@@ -14,7 +15,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 from autopar.cost import comm
-from autopar.cost.compute import attention_time_s, gemm_time_s, memory_bound_time_s
+from autopar.cost.compute import attention_time_s, gemm_pass_bytes, gemm_time_s, memory_bound_time_s
 from autopar.cost.params import CostParams
 from autopar.hardware import Cluster
 from autopar.model.graph import Layer
@@ -120,11 +121,16 @@ def _gemm_module(name: str) -> str:
 def _compute(layer: Layer, s: Split, cluster: Cluster, p: CostParams) -> tuple[float, float, dict[str, float]]:
     """Forward and backward compute seconds, and forward seconds by recompute module."""
     module_s: dict[str, float] = {}
-    gemm_fwd = 0.0
+    gemm_fwd = gemm_bwd = 0.0
+    operand_bytes = 1.0 if s.attn_peak_flops and s.peak_flops > s.attn_peak_flops else float(BF16_BYTES)  # fp8 GEMMs
+    hbm = cluster.hbm_bytes_per_s
     for g in layer.gemms:
         m, n, k, count = _gemm_shape(g, s)
-        t = gemm_time_s(m, n, k, s.peak_flops, p, count)
+        fwd_b, dgrad_b, wgrad_b = gemm_pass_bytes(m, n, k, operand_bytes)
+        t = gemm_time_s(m, n, k, s.peak_flops, p, count, fwd_b, hbm)
         gemm_fwd += t
+        gemm_bwd += (gemm_time_s(m, n, k, s.peak_flops, p, count, dgrad_b, hbm)
+                     + gemm_time_s(m, n, k, s.peak_flops, p, count, wgrad_b, hbm))
         mod = _gemm_module(g.name)
         if mod:
             module_s[mod] = module_s.get(mod, 0.0) + t
@@ -157,7 +163,7 @@ def _compute(layer: Layer, s: Split, cluster: Cluster, p: CostParams) -> tuple[f
     permute = moe_permute_s(layer, s, cluster, p) + moe_sort_chunks_s(layer, s, cluster, p)
     module_s["moe"] = module_s.get("moe", 0.0) + permute if layer.num_experts else module_s.get("moe", 0.0)
     fwd = gemm_fwd + attn_fwd + scores_s + ew_fwd + permute
-    bwd = 2.0 * gemm_fwd + attn_bwd + 2.0 * (ew_fwd + scores_s) + permute
+    bwd = gemm_bwd + attn_bwd + 2.0 * (ew_fwd + scores_s) + permute
     if layer.kind in ("dense", "moe", "mtp"):  # launch-bound floor: the GPU waits for the CPU
         fwd, bwd = max(fwd, p.layer_launch_floor_s), max(bwd, 2.0 * p.layer_launch_floor_s)
     return fwd, bwd, module_s
@@ -182,6 +188,8 @@ def moe_sort_chunks_s(layer: Layer, s: Split, cluster: Cluster, p: CostParams) -
     (T/tp·k·etp routed copies, the busiest rank's load) are split into tp·ep·local chunks and
     concatenated in expert order; the expert output is restored the same way. Two copies (read +
     write) of that tensor per pass; backward copies the gradients back (split's backward is a cat).
+    torchtitan 0.3's all-to-all dispatcher does the same two copies (torchtitan/models/common/
+    token_dispatcher.py `_permute` / `_unpermute`: rank-major to expert-major and back, etp 1).
     Ignores the CPU time of splitting into tp·ep·local views."""
     if not layer.num_experts or s.moe_dispatcher != "alltoall" or layer.num_experts // s.ep <= 1:
         return 0.0
@@ -299,7 +307,10 @@ def moe_count_gather_s(layer: Layer, s: Split, spans: Spans, cluster: Cluster, p
     counts over the etp·ep group (token_dispatcher.py `_gather_along_first_dim_moe`, MCore 0.9+,
     e.g. commit f1f03922) to size the variable all-to-all; the host then synchronises on those
     counts (`torch.cuda.current_stream().synchronize()` before the all-to-all), so this tiny,
-    latency-bound ring (etp·ep − 1 steps) cannot hide behind compute. Ignores the host round trip."""
+    latency-bound ring (etp·ep − 1 steps) cannot hide behind compute. torchtitan 0.3 exchanges the
+    counts with an all-to-all over ep and syncs on `.tolist()` (token_dispatcher.py
+    `_token_count_exchange`), priced here the same way. Ignores the host round trip after the sync:
+    the all-to-all issued next is long enough for the host to get ahead again."""
     if not layer.num_experts or s.moe_dispatcher != "alltoall" or s.ep * s.etp <= 1:
         return 0.0
     span = _etp_ep_span(spans)
