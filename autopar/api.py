@@ -15,7 +15,7 @@ from autopar.cost.layout import check_layout
 from autopar.cost.memory import model_state_bytes
 from autopar.cost.step import DEFAULT_MEMORY_MARGIN, Estimate, estimate
 from autopar.errors import InvalidPlanError
-from autopar.hardware import Cluster, list_clusters, load_profile
+from autopar.hardware import Cluster, cluster_rows, list_clusters, load_profile  # noqa: F401 (re-exported)
 from autopar.inputs import load_cluster, load_model, load_target_model, resolve_cost_model  # noqa: F401 (re-exported)
 from autopar.model import PRESET_NAMES, ModelGraph
 from autopar.report.records import estimate_to_dict, plan_entry, plan_to_dict  # noqa: F401 (re-exported)
@@ -31,16 +31,8 @@ def models() -> list[dict[str, Any]]:
 
 
 def clusters() -> list[dict[str, Any]]:
-    """Every shipped cluster profile with its headline numbers."""
-    out = []
-    for name in list_clusters():
-        prof = load_profile(name)
-        out.append({"name": name, "gpu": prof.gpu.name, "gpus_per_node": prof.node.gpus_per_node,
-                    "bf16_tflops": prof.gpu.peak_tflops.bf16, "hbm_gib": prof.gpu.hbm_gib,
-                    "nvlink_gb_per_s": prof.node.intra_node_gb_per_s,
-                    "network": f"{prof.network.nics_per_node}x{prof.network.nic_gbit_per_s:g} Gb/s",
-                    "description": prof.description})
-    return out
+    """Every shipped cluster profile with its headline numbers (autopar.hardware.cluster_rows)."""
+    return cluster_rows()
 
 
 def inspect(model: str, seq_len: int | None = None, dp: int = 1, framework: Framework = Framework.MEGATRON

@@ -3,18 +3,18 @@
 Every AutoparError becomes one line on stderr and exit code 2; no traceback reaches a user.
 """
 
-from __future__ import annotations
-
 import importlib
+import os
 import sys
 from enum import Enum
 from typing import Annotated, Any, Callable, Optional
 
 import typer
 import typer.core
-from typer.core import TyperGroup
+from typer.core import TyperCommand, TyperGroup
 
 from autopar.choices import DEFAULT_MEMORY_MARGIN, Framework, Precision, RecomputeMode, default_zero
+from autopar.cli_coercion import FastParams
 from autopar.errors import AutoparError
 from autopar.limits import MAX_GLOBAL_BATCH, MAX_GPUS, MAX_LAYERS, MAX_SEQ_LEN, clip
 
@@ -49,7 +49,12 @@ MAX_MESSAGE_CHARS = 1000  # an error line longer than this is cut (every echoed 
 click = getattr(typer.core, "_click", None) or getattr(typer.core, "click")
 
 
-class _OneLineErrors(TyperGroup):
+class _Command(FastParams, TyperCommand):
+    """Every autopar command: Typer's, with option values converted without Pydantic where that
+    gives Pydantic's result (autopar.cli_coercion; issue 15: start-up)."""
+
+
+class _OneLineErrors(FastParams, TyperGroup):
     """Click/Typer usage errors (a bad option value, a missing or unknown option) as one line on
     stderr and exit code 2, through the same renderer as autopar's own errors."""
 
@@ -75,9 +80,16 @@ class _OneLineErrors(TyperGroup):
         sys.exit(code if isinstance(code, int) else 0)
 
 
-app = typer.Typer(cls=_OneLineErrors, add_completion=False, no_args_is_help=True, pretty_exceptions_enable=False,
-                  rich_markup_mode=None,
-                  help="autopar: plan how to split an LLM over GPUs, before a GPU is touched.")
+class _Typer(typer.Typer):
+    """typer.Typer whose commands are _Command unless a command names its own class."""
+
+    def command(self, *args: Any, cls: Any = None, **kwargs: Any) -> Any:
+        return super().command(*args, cls=cls or _Command, **kwargs)
+
+
+app = _Typer(cls=_OneLineErrors, add_completion=False, no_args_is_help=True, pretty_exceptions_enable=False,
+             rich_markup_mode=None,
+             help="autopar: plan how to split an LLM over GPUs, before a GPU is touched.")
 out: Any = _Lazy("out", _console(width=None if sys.stdout.isatty() else 120))
 err: Any = _Lazy("err", _console(stderr=True))
 
@@ -141,15 +153,16 @@ MarginOpt = Annotated[float, typer.Option("--memory-margin", min=0.0, max=0.9, c
 
 def _run(fn: Callable[[], Any]) -> Any:
     """Call fn; map domain errors to one line and exit code 2."""
-    from pydantic import ValidationError
-
-    from autopar.schema import one_line
-
     try:
         return fn()
     except AutoparError as exc:
         fail(str(exc))
-    except ValidationError as exc:  # a boundary model rejected a value the CLI passed through
+    except Exception as exc:
+        pydantic = sys.modules.get("pydantic")  # not imported: fn validated nothing, so nothing to map
+        if pydantic is None or not isinstance(exc, pydantic.ValidationError):
+            raise
+        from autopar.schema import one_line  # a boundary model rejected a value the CLI passed through
+
         fail(one_line(exc, "invalid value"))
 
 
@@ -187,7 +200,9 @@ def models(as_json: JsonOpt = False) -> None:
 @app.command()
 def clusters(as_json: JsonOpt = False) -> None:
     """List the shipped cluster profiles."""
-    rows = _run(api.clusters)
+    from autopar.hardware import cluster_rows  # what api.clusters returns, without importing the cost model
+
+    rows = _run(cluster_rows)
     if as_json:
         _emit_json({"clusters": rows})
     else:
@@ -531,6 +546,7 @@ def profile(
     as_json: JsonOpt = False,
 ) -> None:
     """Measure GEMM, attention, memory bandwidth and collectives here and write a cost-model file."""
+    _drop_process_env_default("OPENBLAS_NUM_THREADS")  # torch's CPU kernels may use OpenBLAS: all threads
     from autopar.profile import profile as run_profile
 
     _check_outputs([out_path], force)
@@ -693,8 +709,36 @@ def _emit_files(files: dict[str, str], out_path: str | None, force: bool = False
         sys.stdout.write(f"# ===== {name} =====\n{text}" + ("" if text.endswith("\n") else "\n"))
 
 
+# Environment defaults of the `autopar` process (issue 15: start-up), each kept when the user set it.
+PROCESS_ENV_DEFAULTS = {
+    # Pydantic scans every installed package's entry points for plugins when it builds autopar's
+    # first schema (25-40 ms with a framework stack installed); Typer turns them off the same way
+    # while it builds its own adapters. The command line has no use for one.
+    "PYDANTIC_DISABLE_PLUGINS": "__all__",
+    # autopar's NumPy work is elementwise, with no BLAS call; OpenBLAS's worker threads only spin
+    # while NumPy loads (about 45 ms of CPU on the 2-core development machine).
+    "OPENBLAS_NUM_THREADS": "1",
+}
+_ENV_SET_HERE: set[str] = set()  # the defaults main() set (the user had not)
+
+
+def _set_process_env_defaults() -> None:
+    for key, value in PROCESS_ENV_DEFAULTS.items():
+        if key not in os.environ:
+            os.environ[key] = value
+            _ENV_SET_HERE.add(key)
+
+
+def _drop_process_env_default(key: str) -> None:
+    """Unset a default of main()'s before a command loads a library that reads it differently."""
+    if key in _ENV_SET_HERE:
+        os.environ.pop(key, None)
+        _ENV_SET_HERE.discard(key)
+
+
 def main() -> None:
     """Console-script entry point."""
+    _set_process_env_defaults()
     try:
         app(standalone_mode=True)
     except KeyboardInterrupt:

@@ -25,11 +25,16 @@ def test_importing_the_cli_imports_no_heavy_library():
     assert "numpy" not in loaded and "autopar.api" not in loaded  # the cost model waits for a command
 
 
+def _imported_by_command(argv: list[str]) -> set[str]:
+    return _imported_after(f"import sys\nsys.argv = ['autopar', *{argv!r}]\nimport autopar.cli\n"
+                           "try:\n    autopar.cli.main()\nexcept SystemExit:\n    pass")
+
+
 def test_help_and_models_import_no_heavy_library():
-    for argv in (["--help"], ["models"]):
-        loaded = _imported_after(f"import sys\nsys.argv = ['autopar', *{argv!r}]\nimport autopar.cli\n"
-                                 "try:\n    autopar.cli.main()\nexcept SystemExit:\n    pass")
-        assert not loaded & {*HEAVY, "numpy"}, (argv, loaded & {*HEAVY, "numpy"})
+    """Nor Pydantic: Typer's Pydantic converters are replaced where exact (autopar.cli_coercion)."""
+    for argv in (["--help"], ["models"], ["models", "--json"], ["plan", "--help"]):
+        loaded = _imported_by_command(argv)
+        assert not loaded & {*HEAVY, "numpy", "pydantic"}, (argv, loaded & {*HEAVY, "numpy", "pydantic"})
 
 
 def test_search_does_not_import_or_tools():
@@ -61,3 +66,75 @@ def test_models_command_lists_every_preset_with_its_size():
     row = next(r for r in rows if r["name"] == "deepseek-v3")
     assert (row["total_params"], row["active_params"]) == (g.total_params, g.active_params)
     assert 6.7e11 < row["total_params"] < 6.9e11  # DeepSeek-V3: 671B + 14B MTP (arXiv 2412.19437)
+
+
+def test_cli_process_env_defaults_keep_what_the_user_set(monkeypatch):
+    """main() turns off Pydantic's plugin scan and OpenBLAS's spare threads, unless the user chose;
+    `profile` hands torch back every BLAS thread."""
+    from autopar import cli
+
+    monkeypatch.setattr(cli, "_ENV_SET_HERE", set())
+    monkeypatch.delenv("PYDANTIC_DISABLE_PLUGINS", raising=False)
+    monkeypatch.setenv("OPENBLAS_NUM_THREADS", "4")
+    cli._set_process_env_defaults()
+    import os
+
+    assert os.environ["PYDANTIC_DISABLE_PLUGINS"] == "__all__"
+    assert os.environ["OPENBLAS_NUM_THREADS"] == "4"  # the user's
+    cli._drop_process_env_default("OPENBLAS_NUM_THREADS")
+    assert os.environ["OPENBLAS_NUM_THREADS"] == "4"  # not ours to drop
+    monkeypatch.delenv("OPENBLAS_NUM_THREADS")
+    cli._set_process_env_defaults()
+    assert os.environ["OPENBLAS_NUM_THREADS"] == "1"
+    cli._drop_process_env_default("OPENBLAS_NUM_THREADS")
+    assert "OPENBLAS_NUM_THREADS" not in os.environ
+
+
+def test_cost_model_for_gpu_validates_only_the_file_that_covers_it(monkeypatch):
+    """Each shipped cluster's GPU gets the first shipped cost model naming it (brute force: validate
+    every file), and only that file is validated."""
+    from autopar.cost import params
+    from autopar.hardware import list_clusters, load_profile
+
+    validate = params.read_cost_model_file
+    files = {n: validate(params.data_dir("cost_models") / f"{n}.json") for n in params.list_cost_models()}
+    read: list[str] = []
+    monkeypatch.setattr(params, "read_cost_model_file", lambda path: read.append(path.stem) or validate(path))
+    try:
+        for cluster in list_clusters():
+            gpu = load_profile(cluster).gpu.name
+            expected = next(n for n, f in files.items() if gpu in f.gpus)
+            params.load_cost_model.cache_clear()
+            read.clear()
+            f, p = params.cost_model_for_gpu(gpu)
+            assert (f, read) == (files[expected], [expected]), cluster
+            assert p == params.params_from_file(files[expected])
+    finally:
+        params.load_cost_model.cache_clear()
+
+
+def test_shipped_profiles_parse_alike_with_libyaml():
+    """Shipped cluster profiles are read with libyaml's parser (when PyYAML has it): the same data as
+    the pure-Python SafeLoader gives."""
+    import yaml
+
+    from autopar import hardware
+
+    names = hardware.list_clusters()
+    assert names
+    for name in names:
+        path = hardware._shipped_path(name)
+        text = path.read_text(encoding="utf-8")
+        assert hardware._read_yaml(path, fast=True) == yaml.safe_load(text) == hardware._read_yaml(path), name
+
+
+def test_clusters_imports_neither_the_cost_model_nor_numpy():
+    loaded = _imported_by_command(["clusters", "--json"])
+    assert not loaded & {*HEAVY, "numpy", "autopar.api", "autopar.cost"}, loaded & {*HEAVY, "numpy", "autopar.api"}
+
+
+def test_option_values_are_read_without_typers_pydantic_adapters():
+    """A command given int, float, str and flag options converts them all on autopar's fast path."""
+    loaded = _imported_by_command(["estimate", "llama3-8b", "-c", "dgx-h100", "-n", "8", "-b", "8", "--tp", "2",
+                                   "--memory-margin", "0.2", "--recompute", "full", "--sp", "--json"])
+    assert "autopar.api" in loaded and "typer._adapters" not in loaded

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import json
 from dataclasses import dataclass, replace
 from functools import lru_cache
 from pathlib import Path
@@ -122,9 +123,22 @@ def load_cost_model(name_or_path: str) -> tuple[CostModelFile, CostParams]:
     return f, params_from_file(f)
 
 
+def _may_cover(name: str, gpu_name: str) -> bool:
+    """Whether shipped cost model `name` may cover `gpu_name`: its `gpus` list names it, or the file
+    does not read as JSON with such a list (then loading it reports the problem). Reading a file's
+    JSON costs a fraction of validating it, so only the one that covers the GPU is validated."""
+    try:
+        gpus = json.loads((data_dir("cost_models") / f"{name}.json").read_text(encoding="utf-8")).get("gpus")
+    except (OSError, ValueError, AttributeError, RecursionError):
+        return True
+    return not isinstance(gpus, list) or gpu_name in gpus
+
+
 def cost_model_for_gpu(gpu_name: str) -> tuple[CostModelFile, CostParams]:
     """The shipped cost model whose `gpus` list names this GPU."""
     for name in list_cost_models():
+        if not _may_cover(name, gpu_name):
+            continue
         f, p = load_cost_model(name)
         if gpu_name in f.gpus:
             return f, p
