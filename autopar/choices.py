@@ -43,6 +43,9 @@ FRAMEWORK_ZERO_STAGES = {Framework.MEGATRON: (0, 1, 2, 3), Framework.DEEPSPEED: 
 # ZeRO stage a user gets by naming only the framework: Megatron's distributed optimizer, DeepSpeed's
 # stage 1 (the optimizer-state partitioning Megatron-DeepSpeed uses), torchtitan's FSDP2 full shard.
 FRAMEWORK_DEFAULT_ZERO = {Framework.MEGATRON: 1, Framework.DEEPSPEED: 1, Framework.TORCHTITAN: 3}
+# Older releases with their own cost profile (autopar.cost.frameworks.FRAMEWORK_RELEASES); a plan
+# without a release describes the current ones. "0.3": DeepSpeed 0.3.13-0.5.5 (2021) on PyTorch <= 1.8.
+FRAMEWORK_OLDER_RELEASES = {Framework.MEGATRON: (), Framework.DEEPSPEED: ("0.3",), Framework.TORCHTITAN: ()}
 
 
 def default_zero(framework: str) -> int:

@@ -30,6 +30,25 @@ Sources, per field:
   the recompute of an AC-wrapped block runs inside the block's unsharded backward (two gathers).
   DeepSpeed prefetches at most stage3_prefetch_bucket_size parameters ahead (default 5e7, DeepSpeed
   config docs, ZeRO section), so a module larger than that is gathered only when it is needed.
+  Gathered memory: FSDP2 and Megatron-FSDP hold the computing block and the prefetched one in bf16
+  (4 bytes per block parameter); DeepSpeed frees each module's gathered weights after it runs
+  (release_sub_module; a module is kept only when reused within stage3_max_reuse_distance = 1e9
+  elements, shorter than a large model's layer) and does not prefetch a module above the prefetch
+  bucket, so it holds the computing module's 16-bit weights and its 16-bit gradient until the
+  gradient is reduce-scattered (4 bytes per module parameter); DeepSpeed 0.3 adds the flat copy the
+  list-form collective allocates (ProcessGroupNCCL newLikeFlat): 6 bytes.
+  DeepSpeed keeps parameters smaller than stage3_param_persistence_threshold (default 1e5 elements,
+  deepspeed/runtime/zero/constants.py since v0.3.13) unpartitioned: norms and biases are never gathered.
+- releases: where an older release of a framework behaved differently and measured runs used it, a
+  release profile describes it (FRAMEWORK_RELEASES; a plan names it in `framework_release`).
+  DeepSpeed 0.3.13-0.5.5 (March-October 2021, the SC'21 ZeRO-3 runs) on PyTorch <= 1.8:
+  partition_parameters._allgather_param calls torch.cuda.synchronize() before every parameter
+  all-gather and fetch_sub_module waits for it, so gathers never overlap compute ("the async version
+  is not async at all", DeepSpeed PR #1188, Oct 2021); and it passes torch.distributed.all_gather /
+  reduce_scatter a list of one tensor per rank, which ProcessGroupNCCL (torch/lib/c10d/
+  ProcessGroupNCCL.cpp, allgather/reduce_scatter) serves through a flat buffer and one copy_ per
+  rank (same PR: "torch.distributed.all_gather will do implicit memcpy"; fixed with
+  _all_gather_base in v0.5.6).
 - context parallelism: Megatron-Core hands CP to Transformer Engine's attention (--cp-comm-type
   p2p/a2a/allgather), which moves K/V with their own (grouped) heads. torchtitan (9dec370, Dec 2024)
   runs PyTorch's ring attention (torch/distributed/tensor/experimental/_attention.py at torch
@@ -50,7 +69,7 @@ Sources, per field:
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 
 
 @dataclass(frozen=True, slots=True)
@@ -66,6 +85,10 @@ class FrameworkProfile:
     gathers_under_full_recompute: int  # parameter all-gathers per microbatch with full recompute
     prefetch_depth: int  # chunks gathered ahead of the one computing
     prefetch_max_params: float | None = None  # a unit larger than this is not prefetched (None = any)
+    persistence_threshold_params: float = 0.0  # parameters smaller than this are never partitioned
+    synchronous_gathers: bool = False  # every parameter gather waits for the device: no prefetch overlap
+    per_rank_copies: bool = False  # ZeRO-3 collectives copy each rank's slice with its own kernel
+    gathered_bytes_per_unit_param: float = 4.0  # unsharded bytes alive per parameter of the largest gather unit
     cp_ring: str = "te"  # "te": Transformer Engine's CP attention | "torch": PyTorch's ring (fp32 merge, dK/dV ring)
     cp_repeats_kv_heads: bool = False  # CP moves K/V repeated to the query heads (GQA expanded before SDPA)
     cp_comm_overlapped: bool = True  # CP transfers run behind attention (False: waited where issued)
@@ -85,7 +108,7 @@ FRAMEWORK_PROFILES: dict[str, FrameworkProfile] = {
         attention_kernel_by_arch=(("ampere", "fa2"), ("hopper", "fa2"), ("blackwell", "fa2")),
         selective_policy="modules", fused_cross_entropy=True, persistent_gradients=True,
         fp8_one_byte_saved_inputs=False, gather_unit="module", gathers_under_full_recompute=3, prefetch_depth=1,
-        prefetch_max_params=5e7),
+        prefetch_max_params=5e7, persistence_threshold_params=1e5),
     "torchtitan": FrameworkProfile(
         name="torchtitan", version="torchtitan 0.x (Dec 2024 - 0.3) on PyTorch 2.5+",
         attention_kernel_by_arch=(("ampere", "fa2"), ("hopper", "fa2"), ("blackwell", "fa2")),
@@ -95,8 +118,19 @@ FRAMEWORK_PROFILES: dict[str, FrameworkProfile] = {
 }
 
 
-def framework_profile(name: str) -> FrameworkProfile:
-    return FRAMEWORK_PROFILES[name]
+# (framework, release) -> the profile of an older release that behaved differently (module docstring).
+FRAMEWORK_RELEASES: dict[tuple[str, str], FrameworkProfile] = {
+    ("deepspeed", "0.3"): replace(
+        FRAMEWORK_PROFILES["deepspeed"], version="DeepSpeed 0.3.13-0.5.5 (2021) on PyTorch <= 1.8",
+        synchronous_gathers=True, per_rank_copies=True, gathered_bytes_per_unit_param=6.0),
+}
+
+
+def framework_profile(name: str, release: str | None = None) -> FrameworkProfile:
+    """The profile of `name` (its current releases), or of an older `release` of it."""
+    if release is None:
+        return FRAMEWORK_PROFILES[name]
+    return FRAMEWORK_RELEASES[(name, release)]
 
 
 def gpu_arch(gpu_name: str) -> str:

@@ -12,9 +12,15 @@ third time for the recompute, while FSDP2 recomputes inside the block's unsharde
 Overlap is bounded by the prefetch depth d (FSDP2 and DeepSpeed prefetch the next unit): unit i's
 communication runs while the previous d units compute, so a pass exposes
 comm_0 + Σ_{i≥1} max(0, comm_i − Σ_{j=i−d}^{i−1} compute_j) (the first unit has nothing to hide
-behind). All units of a pass share one communication stream. Ignored: HSDP's replica all-reduce,
-the expert data-parallel group (experts are gathered over the dense group), rate limiting of
-in-flight gathers.
+behind). All units of a pass share one communication stream. Nothing overlaps when the plan turns
+parameter-gather overlap off (DeepSpeed's stage3_prefetch_bucket_size 0, as the exporter writes it) or
+the framework release gathers synchronously (DeepSpeed <= 0.5.5: torch.cuda.synchronize() before each
+gather waits for every stream, the gradient reduce-scatter's too). DeepSpeed never gathers the
+parameters under its persistence threshold (norms and biases). DeepSpeed <= 0.5.5 on PyTorch <= 1.8
+also pays one copy kernel per rank of the group around every gather and reduce-scatter (see
+autopar.cost.frameworks, releases). Ignored: HSDP's replica all-reduce, the expert data-parallel group
+(experts are gathered over the dense group), rate limiting of in-flight gathers, DeepSpeed's
+host-side hook and Python work per module.
 """
 
 from __future__ import annotations
@@ -33,9 +39,11 @@ from autopar.schema.plan import ParallelPlan
 GRAD_REDUCE_BYTES = {"megatron": 4.0, "deepspeed": 2.0, "torchtitan": 4.0}
 
 
-def gather_units(layer: Layer, plan: ParallelPlan, unit: str) -> list[float]:
+def gather_units(layer: Layer, plan: ParallelPlan, unit: str, persistence_threshold: float = 0.0) -> list[float]:
     """Parameters on one GPU (before ZeRO-3 sharding) of each gather unit of `layer`: one per
-    block, or one per module (each weight matrix, and the layer's norms together)."""
+    block, or one per module (each weight matrix, and the layer's norms together). The norms and
+    biases are left out when each of them is under `persistence_threshold` elements: none is longer
+    than the widest GEMM output (a bias), so that width decides."""
     per_gemm = []
     for g in layer.gemms:
         if g.tied:
@@ -47,10 +55,19 @@ def gather_units(layer: Layer, plan: ParallelPlan, unit: str) -> list[float]:
         else:
             per_gemm.append(float(g.params))
     other = layer.other_params_tp / plan.tp + layer.other_params_replicated
+    if layer.gemms and max(g.n for g in layer.gemms) < persistence_threshold:
+        other = 0.0
     units = per_gemm + ([other] if other > 0 else [])
     if unit == "block":
         return [sum(units)] if sum(units) > 0 else []
     return units
+
+
+def largest_unit_params(layers: list[Layer], plan: ParallelPlan) -> float:
+    """Parameters on one GPU of the largest gather unit among `layers` (a block or a module)."""
+    fw = framework_profile(plan.framework, plan.framework_release)
+    return max((max(gather_units(layer, plan, fw.gather_unit, fw.persistence_threshold_params), default=0.0)
+                for layer in layers), default=0.0)
 
 
 def exposed_pass_s(comm_s: list[float], compute_s: list[float], prefetch_depth: int,
@@ -66,29 +83,51 @@ def exposed_pass_s(comm_s: list[float], compute_s: list[float], prefetch_depth: 
     return exposed
 
 
+# One copy_ kernel issued from C++ for a small slice (PyTorch dispatcher + launch), on A100 in 2021:
+# DeepSpeed PR #1188 (Oct 2021) removed the per-rank copies of gathering a 9,834,560-element layer
+# (16 weight and bias tensors, each copied once per rank by DeepSpeed plus once per rank by c10d:
+# 16·8 + 8 = 136 copies on one 8-GPU p4d node) and saved about 1.1 ms: 1.1 ms / 136 ≈ 8 us a copy.
+LIST_COPY_KERNEL_S = 8e-6
+
+
+def per_rank_copies_s(buffer_bytes: float, n: int, cluster: Cluster, p: CostParams) -> float:
+    """The list form of torch.distributed.all_gather / reduce_scatter on PyTorch <= 1.8 copies each
+    of the n ranks' slices between the caller's tensors and NCCL's flat buffer with its own copy_
+    kernel (torch/lib/c10d/ProcessGroupNCCL.cpp, allgather and reduce_scatter): n kernels of
+    LIST_COPY_KERNEL_S that move the buffer once each way. Ignores DeepSpeed's Python loop over
+    ranks that builds the list (partition_parameters._allgather_param)."""
+    if n <= 1 or buffer_bytes <= 0:
+        return 0.0
+    return 2.0 * buffer_bytes / (cluster.hbm_bytes_per_s * p.hbm_efficiency) + n * LIST_COPY_KERNEL_S
+
+
 def exposed_per_microbatch_s(layers: list[tuple[Layer, LayerCost, str]], plan: ParallelPlan,
                              span: comm.GroupSpan, cluster: Cluster, p: CostParams) -> float:
     """Exposed ZeRO-3/FSDP communication of one microbatch on one pipeline rank (0 below ZeRO 3).
     `layers`: the rank's layers in execution order with their cost and recompute mode."""
     if plan.zero < 3 or span.size <= 1:
         return 0.0
-    fw = framework_profile(plan.framework)
-    grad_bytes = GRAD_REDUCE_BYTES[plan.framework]
+    fw = framework_profile(plan.framework, plan.framework_release)
+    grad_bytes = 2.0 if plan.grad_reduce_in_bf16 else GRAD_REDUCE_BYTES[plan.framework]
     fwd_comm, fwd_compute, bwd_comm, bwd_compute, ahead = [], [], [], [], []
     limit = fw.prefetch_max_params
+    n = span.size if fw.per_rank_copies else 1
     for layer, c, mode in layers:
-        units = gather_units(layer, plan, fw.gather_unit)
+        units = gather_units(layer, plan, fw.gather_unit, fw.persistence_threshold_params)
         backward_gathers = fw.gathers_under_full_recompute - 1 if mode == "full" else 1
         share = len(units or [1])  # a layer's compute is shared evenly by its units
         fwd_s = c.fwd_compute_s / share
         bwd_s = (c.bwd_compute_s + (c.fwd_compute_s if mode == "full" else 0.0)) / share
         for u in units:
-            gather = comm.all_gather_s(u * BF16_BYTES, span, cluster, p)
+            gather = (comm.all_gather_s(u * BF16_BYTES, span, cluster, p)
+                      + per_rank_copies_s(u * BF16_BYTES, n, cluster, p))
+            reduce = (comm.reduce_scatter_s(u * grad_bytes, span, cluster, p)
+                      + per_rank_copies_s(u * grad_bytes, n, cluster, p))
             fwd_comm.append(gather)
             fwd_compute.append(fwd_s)
-            bwd_comm.append(backward_gathers * gather + comm.reduce_scatter_s(u * grad_bytes, span, cluster, p))
+            bwd_comm.append(backward_gathers * gather + reduce)
             bwd_compute.append(bwd_s)
             ahead.append(limit is None or u <= limit)
-    d = fw.prefetch_depth
+    d = fw.prefetch_depth if plan.overlap_param_gather and not fw.synchronous_gathers else 0
     return (exposed_pass_s(fwd_comm, fwd_compute, d, ahead)
             + exposed_pass_s(bwd_comm[::-1], bwd_compute[::-1], d, ahead[::-1]))

@@ -18,6 +18,9 @@ BF16 = 2.0
 #     stage 1 shards optimizer, 2 adds gradients, 3 adds weights.
 #   torchtitan (FSDP2, bf16 compute, fp32 reduce): fp32 sharded weights 4 + fp32 grads 4 + moments 8
 #     = 16, sharded over the FSDP group; the bf16 unsharded copies are transient (see fsdp_transient).
+#   Megatron with --grad-reduce-in-bf16 (mcore DistributedDataParallelConfig grad_reduce_in_fp32
+#     False; NeMo sets it from optim.grad_sync_dtype, megatron_base_model.setup_mcore_distributed_parallel)
+#     keeps its gradient buffer in bf16: 2 + 2 + 12.
 _STATE_BYTES = {
     Framework.MEGATRON: (2.0, 4.0, 12.0),
     Framework.DEEPSPEED: (2.0, 2.0, 12.0),
@@ -25,10 +28,13 @@ _STATE_BYTES = {
 }
 
 
-def model_state_bytes(params: float, framework: Framework, zero: int, shard: int) -> dict[str, float]:
+def model_state_bytes(params: float, framework: Framework, zero: int, shard: int,
+                      grad_bytes: float | None = None) -> dict[str, float]:
     """Weights, gradients and optimizer state of `params` parameters on one GPU, sharded over
-    `shard` ranks by ZeRO stage `zero` (1: optimizer, 2: + gradients, 3: + weights)."""
+    `shard` ranks by ZeRO stage `zero` (1: optimizer, 2: + gradients, 3: + weights); `grad_bytes`
+    replaces the framework's gradient bytes per parameter (see main_grad_bytes)."""
     w, g, o = _STATE_BYTES[framework]
+    g = g if grad_bytes is None else grad_bytes
     if framework == Framework.TORCHTITAN and zero >= 2:
         zero = 3  # FSDP shards all three; zero 2 only keeps the bf16 weights gathered (fsdp_transient)
     return {
@@ -38,13 +44,15 @@ def model_state_bytes(params: float, framework: Framework, zero: int, shard: int
     }
 
 
-def fsdp_transient_bytes(stage_params: float, largest_layer_params: float, framework: Framework, zero: int) -> float:
-    """Unsharded bf16 weights alive at once: ZeRO-3/FSDP gathers about two layers (current and
-    prefetched); torchtitan's zero 2 (reshard_after_forward=False) keeps the stage's weights."""
+def fsdp_transient_bytes(stage_params: float, unit_params: float, framework: Framework, zero: int,
+                         bytes_per_unit_param: float) -> float:
+    """Unsharded weights (and gradients) alive at once: ZeRO-3/FSDP holds `bytes_per_unit_param` per
+    parameter of its largest gather unit (autopar.cost.frameworks, gathered_bytes_per_unit_param);
+    torchtitan's zero 2 (reshard_after_forward=False) keeps the stage's bf16 weights twice."""
     if framework == Framework.TORCHTITAN and zero == 2:
         return 2.0 * stage_params
     if zero >= 3:
-        return 2.0 * 2.0 * largest_layer_params
+        return bytes_per_unit_param * unit_params
     return 0.0
 
 
@@ -159,3 +167,9 @@ def with_overheads(allocated_bytes: float, cuda_context_bytes: float, comm_buffe
     """Peak reserved memory: allocations plus allocator fragmentation, NCCL/bucket buffers and the
     CUDA context (constants stated in the cost-model file)."""
     return allocated_bytes * (1.0 + fragmentation) + comm_buffer_bytes + cuda_context_bytes
+
+
+def main_grad_bytes(framework: Framework, grad_reduce_in_bf16: bool) -> float:
+    """Bytes per gradient element kept and reduced: the framework's (_STATE_BYTES), or 2 under
+    Megatron's --grad-reduce-in-bf16."""
+    return 2.0 if grad_reduce_in_bf16 else _STATE_BYTES[framework][1]

@@ -168,7 +168,7 @@ def setup(graph: ModelGraph, cluster: Cluster, plan: ParallelPlan, p: CostParams
     if graph.spec.moe:
         routed = tokens / (plan.tp if plan.sequence_parallel else 1) * graph.spec.moe.top_k
         load = moe_load(plan, routed, plan.ep)
-    fw = framework_profile(plan.framework)
+    fw = framework_profile(plan.framework, plan.framework_release)
     split = Split(tp=plan.tp, sp=plan.sequence_parallel, cp=plan.cp, ep=plan.ep, etp=layout.etp,
                   tokens=tokens, seq_len=plan.seq_len, hidden=graph.spec.hidden_size,
                   peak_flops=peak, moe_load=load, cp_comm_type=plan.cp_comm_type, moe_dispatcher=plan.moe_dispatcher,
@@ -208,7 +208,7 @@ def stage_time(stage: list[Layer], costs: dict[str, LayerCost], plan: ParallelPl
     fwd = bwd = rec = 0.0
     parts = {"tp_comm": 0.0, "cp_comm": 0.0, "ep_comm": 0.0}
     position = 0
-    policy = framework_profile(plan.framework).selective_policy
+    policy = framework_profile(plan.framework, plan.framework_release).selective_policy
     for layer in stage:
         c = costs[_layer_key(layer)]
         mode = RecomputeMode.NONE
@@ -259,7 +259,7 @@ def stage_activation_bytes(stage: list[Layer], plan: ParallelPlan, tokens: float
     saved = work = 0.0
     position = 0
     sp = plan.sequence_parallel
-    fw = framework_profile(plan.framework)
+    fw = framework_profile(plan.framework, plan.framework_release)
     fp8 = plan.precision == "fp8" and fw.fp8_one_byte_saved_inputs
     for layer in stage:
         mode = RecomputeMode.NONE
@@ -297,13 +297,19 @@ def rank_memory(rank: int, chunks: list[list[Layer]], graph: ModelGraph, plan: P
         s, w = stage_activation_bytes(chunk, plan, st.split.tokens)
         saved.append(s)
         work = max(work, w)
-    states = memory.model_state_bytes(dense, plan.framework, plan.zero, layout.dense_shard)
-    expert_states = memory.model_state_bytes(expert, plan.framework, plan.zero, layout.expert_shard)
+    g = memory.main_grad_bytes(plan.framework, plan.grad_reduce_in_bf16)
+    states = memory.model_state_bytes(dense, plan.framework, plan.zero, layout.dense_shard, g)
+    expert_states = memory.model_state_bytes(expert, plan.framework, plan.zero, layout.expert_shard, g)
     states = {k: states[k] + expert_states[k] for k in states}
     # Interleaved: the rank's in-flight chunks hold its mean chunk's activations.
     activations = layout.inflight[rank] * sum(saved) / len(saved)
-    gathered = memory.fsdp_transient_bytes(dense + expert, largest, plan.framework, plan.zero)
-    persistent = framework_profile(plan.framework).persistent_gradients
+    fw = framework_profile(plan.framework, plan.framework_release)
+    unit = largest  # a block: the rank's largest layer
+    if plan.zero >= 3 and fw.gather_unit == "module":
+        unit = fsdp.largest_unit_params([layer for chunk in chunks for layer in chunk], plan)
+    gathered = memory.fsdp_transient_bytes(dense + expert, unit, plan.framework, plan.zero,
+                                           fw.gathered_bytes_per_unit_param)
+    persistent = fw.persistent_gradients
     resident = memory.resident_state_bytes(states, persistent, st.m)
     fwd_bwd = resident + activations + work + gathered
     optimizer_step = sum(states.values())
@@ -328,7 +334,7 @@ def _dp_sync_s(dense: float, expert: float, st: StepSetup, cluster: Cluster, p: 
     stays once per step. ZeRO-3/FSDP: see autopar.cost.fsdp, nothing is charged here a second time."""
     if plan.zero >= 3:
         return 0.0, 0.0
-    g = MAIN_GRAD_BYTES[plan.framework]
+    g = 2.0 if plan.grad_reduce_in_bf16 else MAIN_GRAD_BYTES[plan.framework]
     step = per_microbatch = 0.0
     for params, span in ((dense, st.dp_span), (expert, st.edp_span)):
         if span.size <= 1 or params <= 0:

@@ -166,6 +166,7 @@ def plan_from_megatron_args(args: str | Path | list[str], num_gpus: int | None =
         "zero": _megatron_zero(a), "precision": "fp8" if a["fp8"] else "bf16",
         "overlap_grad_reduce": a["overlap_grad_reduce"], "overlap_param_gather": a["overlap_param_gather"],
         "tp_comm_overlap": a["tp_comm_overlap"], "recompute": _megatron_recompute(a),
+        "grad_reduce_in_bf16": a["grad_reduce_in_bf16"],
     }
     fields["etp"] = a["expert_tensor_parallel_size"]
     fields |= _megatron_comm_types(a)

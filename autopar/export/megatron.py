@@ -258,6 +258,8 @@ def _step_args(plan: ParallelPlan) -> list[str]:
         args.append("--overlap-grad-reduce")
     if plan.overlap_param_gather:
         args.append("--overlap-param-gather")
+    if plan.grad_reduce_in_bf16:
+        args.append("--grad-reduce-in-bf16")
     if plan.tp_comm_overlap:
         args.append("--tp-comm-overlap")
     return args

@@ -15,6 +15,7 @@ from pydantic import BaseModel, ConfigDict, Field, model_validator
 
 from autopar.choices import (  # noqa: F401 (re-exported: they were defined here; no Pydantic there, for the CLI)
     FRAMEWORK_DEFAULT_ZERO,
+    FRAMEWORK_OLDER_RELEASES,
     FRAMEWORK_ZERO_STAGES,
     FRAMEWORKS,
     Framework,
@@ -94,6 +95,12 @@ class ParallelPlan(BaseModel):
         None, gt=0, description="Expert capacity factor (Megatron --moe-expert-capacity-factor); None = dropless. "
         "Tokens beyond capacity are dropped, so the busiest rank carries min(load, capacity factor).")
     framework: Framework = Field(Framework.MEGATRON, description="Target framework.")
+    grad_reduce_in_bf16: Flag = Field(
+        False, description="Keep and reduce the main gradients in bf16 instead of fp32 (Megatron "
+        "--grad-reduce-in-bf16; NeMo optim.grad_sync_dtype bf16). Megatron only.")
+    framework_release: Literal["0.3"] | None = Field(
+        None, description="An older framework release whose behaviour differs (deepspeed 0.3: DeepSpeed "
+        "0.3.13-0.5.5 of 2021, synchronous ZeRO-3 gathers); None = current releases.")
     layers_per_stage: tuple[Count, ...] | None = Field(
         None, description="Decoder layers per virtual stage (pp·vpp entries, in execution order); None = "
         "even, with any remainder taken off the first and last stages (they hold embedding and head).")
@@ -214,6 +221,13 @@ def _framework_violations(plan: ParallelPlan, dp: int) -> list[str]:
         out.append("deepspeed's engine has no cp, ep or interleaved pipeline; use megatron or set cp, ep, vpp to 1")
     if plan.framework == Framework.DEEPSPEED and plan.pp > 1 and plan.zero > 1:
         out.append("deepspeed pipeline parallelism works only with zero 0 or 1; lower zero or set pp 1")
+    if plan.grad_reduce_in_bf16 and plan.framework != Framework.MEGATRON:
+        out.append(f"grad_reduce_in_bf16 is Megatron's --grad-reduce-in-bf16; {plan.framework} sets its gradient "
+                   "dtype itself, so turn grad_reduce_in_bf16 off")
+    releases = FRAMEWORK_OLDER_RELEASES[plan.framework]
+    if plan.framework_release is not None and plan.framework_release not in releases:
+        out.append(f"{plan.framework} has no release profile {plan.framework_release!r} (it has "
+                   f"{', '.join(releases) or 'none'}); leave framework_release unset")
     return out
 
 

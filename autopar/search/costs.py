@@ -127,7 +127,7 @@ def layer_table(graph: ModelGraph, cluster: Cluster, plan: ParallelPlan, p: Cost
     """The table of `plan`'s split, from the estimate's per-layer functions (one row per layer
     kind, spread over the graph's layers)."""
     p = for_framework(p, plan.framework)
-    policy = framework_profile(plan.framework).selective_policy
+    policy = framework_profile(plan.framework, plan.framework_release).selective_policy
     st = setup(graph, cluster, plan, p)
     modules = split_key(plan)[-1]
     kind_to_index: dict[str, int] = {}
@@ -263,7 +263,8 @@ class Pricer:
     def _state_bytes_per_param(self, plan: ParallelPlan) -> tuple[float, float]:
         """Bytes of weights + grads + optimizer per local dense / expert parameter, sharded over the
         layout's dense and expert ZeRO groups."""
-        key = (plan.tp, plan.cp, plan.pp, plan.ep, plan.expert_tp, plan.zero, plan.zero_shard_size, plan.framework)
+        key = (plan.tp, plan.cp, plan.pp, plan.ep, plan.expert_tp, plan.zero, plan.zero_shard_size, plan.framework,
+               plan.grad_reduce_in_bf16)
         if key not in self._key_to_states:
             self._key_to_states[key] = state_bytes_per_param(self.layout(plan), plan)
         return self._key_to_states[key]
@@ -335,12 +336,12 @@ def state_bytes_per_param(layout: Layout, plan: ParallelPlan) -> tuple[float, fl
     # Only the states resident at the forward/backward peak (memory.resident_state_bytes): FSDP2
     # frees its gradients between steps, so with one microbatch they are not counted (the estimate's
     # peak is the larger phase, so this stays a lower bound of it).
-    persistent = framework_profile(plan.framework).persistent_gradients
+    persistent = framework_profile(plan.framework, plan.framework_release).persistent_gradients
     m = layout.num_microbatches
-    return (memory.resident_state_bytes(memory.model_state_bytes(1.0, plan.framework, plan.zero, layout.dense_shard),
-                                        persistent, m),
-            memory.resident_state_bytes(memory.model_state_bytes(1.0, plan.framework, plan.zero, layout.expert_shard),
-                                        persistent, m))
+    g = memory.main_grad_bytes(plan.framework, plan.grad_reduce_in_bf16)
+    dense = memory.model_state_bytes(1.0, plan.framework, plan.zero, layout.dense_shard, g)
+    expert = memory.model_state_bytes(1.0, plan.framework, plan.zero, layout.expert_shard, g)
+    return memory.resident_state_bytes(dense, persistent, m), memory.resident_state_bytes(expert, persistent, m)
 
 
 @dataclass(frozen=True)

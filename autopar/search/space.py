@@ -220,6 +220,8 @@ class Draft(NamedTuple):
     zero_shard_size = None
     layers_per_stage = None
     tp_comm_overlap = False
+    framework_release = None  # the search plans for current framework releases
+    grad_reduce_in_bf16 = False
 
     expert_tp = _PLAN_ATTRS["expert_tp"]
     sequence_parallel = _PLAN_ATTRS["sequence_parallel"]

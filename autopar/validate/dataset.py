@@ -118,6 +118,15 @@ _SOURCE_TO_FRAMEWORK = {
     "narayanan21-zero3": "deepspeed", "torchtitan-2412": "torchtitan", "vtrain-single": "deepspeed",
     "vtrain-multi": "deepspeed",
 }
+# Source -> the older framework release its runs used, where autopar has a profile for it
+# (autopar.cost.frameworks.FRAMEWORK_RELEASES). narayanan21-zero3: arXiv 2104.04473 v1 (April 2021)
+# came out weeks after ZeRO-3's first release (DeepSpeed v0.3.13, March 2021): DeepSpeed 0.3.
+_SOURCE_TO_RELEASE = {"narayanan21-zero3": "0.3"}
+# Runs whose recipe keeps and reduces gradients in bf16 (Megatron --grad-reduce-in-bf16). Nemotron-4
+# 340B: NeMo-Framework-Launcher launcher_scripts/conf/training/nemotron/nemotron_340b.yaml sets
+# optim.name mcore_distributed_optim with grad_sync_dtype bf16, which NeMo turns into
+# DistributedDataParallelConfig(grad_reduce_in_fp32=False) (megatron_base_model.setup_mcore_distributed_parallel).
+_BF16_GRAD_RUNS = frozenset({"nemo2407_h100_fp8_nemotron_340b_128gpu"})
 
 
 @dataclass(frozen=True, slots=True)
@@ -156,6 +165,8 @@ class MeasuredRun:
     split: str
     notes: str = ""
     framework: str = "megatron"  # megatron | deepspeed | torchtitan, as in ParallelPlan.framework
+    framework_release: str | None = None  # an older release with its own profile, as in ParallelPlan
+    grad_reduce_in_bf16: bool = False  # the recipe keeps gradients in bf16, as in ParallelPlan
     measured_memory_gib: float | None = None  # peak memory the source measured (max reserved), GiB
     compiled: bool | None = None  # torch.compile on (torchtitan rows), None where not applicable
 
@@ -567,7 +578,9 @@ def _published_fields(row: _Row) -> dict[str, Any]:
         "measured_tokens_per_s_per_gpu": throughput.tokens_per_s_per_gpu,
         "measured_step_time_s": throughput.step_time_s, "conversion": throughput.conversion,
         "confidence": row.confidence, "notes": notes,
-        "framework": _SOURCE_TO_FRAMEWORK.get(source, "megatron"), "measured_memory_gib": row.metrics.memory_gib,
+        "framework": _SOURCE_TO_FRAMEWORK.get(source, "megatron"), "framework_release": _SOURCE_TO_RELEASE.get(source),
+        "grad_reduce_in_bf16": row.id in _BF16_GRAD_RUNS,
+        "measured_memory_gib": row.metrics.memory_gib,
         "compiled": _compiled(row) if source == "torchtitan-2412" else None,
     }
 

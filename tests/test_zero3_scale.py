@@ -1,0 +1,179 @@
+"""ZeRO-3 at scale: what DeepSpeed's 2021 release launched (synchronous gathers, one copy kernel per
+rank of the list-form collectives), DeepSpeed's persistent small parameters, the parameter-gather
+overlap switch, and the unsharded memory of module-level gathering. Hand-worked numbers."""
+
+from dataclasses import replace
+
+import pytest
+
+from autopar.choices import FRAMEWORK_OLDER_RELEASES
+from autopar.cost import comm, fsdp
+from autopar.cost.frameworks import FRAMEWORK_RELEASES, framework_profile
+from autopar.cost.layer import LayerCost
+from autopar.cost.params import load_cost_model
+from autopar.cost.step import assign_layers, rank_chunks, rank_memory, setup
+from autopar.hardware import load_cluster
+from autopar.model import load_model
+from autopar.schema.plan import ParallelPlan, Recompute, plan_violations
+from autopar.validate import runner
+from autopar.validate.dataset import load_runs
+
+LLAMA8 = load_model("llama3-8b")
+LAYER = LLAMA8.decoder_layers[0]
+_, A100 = load_cost_model("a100")
+
+
+def test_release_profiles_are_the_ones_the_plan_accepts():
+    assert {(str(n), r) for n, rs in FRAMEWORK_OLDER_RELEASES.items() for r in rs} == set(FRAMEWORK_RELEASES)
+    old, new = framework_profile("deepspeed", "0.3"), framework_profile("deepspeed")
+    assert old.synchronous_gathers and old.per_rank_copies and old.gathered_bytes_per_unit_param == 6.0
+    assert not new.synchronous_gathers and not new.per_rank_copies and new.gathered_bytes_per_unit_param == 4.0
+    assert old.gather_unit == new.gather_unit == "module"
+
+
+def test_a_release_the_framework_does_not_have_is_refused_with_the_fix():
+    plan = ParallelPlan(global_batch=8, seq_len=2048, framework="megatron", framework_release="0.3")
+    out = plan_violations(plan, num_gpus=8, num_layers=32, num_heads=32, num_kv_heads=8)
+    assert any("megatron has no release profile '0.3'" in v and "leave framework_release unset" in v for v in out)
+    ok = ParallelPlan(global_batch=8, seq_len=2048, framework="deepspeed", framework_release="0.3", zero=3)
+    assert not plan_violations(ok, num_gpus=8, num_layers=32, num_heads=32, num_kv_heads=8)
+
+
+def test_deepspeed_never_gathers_parameters_under_its_persistence_threshold():
+    """stage3_param_persistence_threshold 1e5: Llama-3 8B's widest output is 28,672 (w1+w3), so its
+    norm weights (4,096 each) stay whole; with a 1e4 threshold they would be gathered."""
+    plan = ParallelPlan(global_batch=8, seq_len=8192, zero=3)
+    assert fsdp.gather_units(LAYER, plan, "module", 1e5) == [4096 * 6144, 4096 * 4096, 4096 * 28672, 14336 * 4096]
+    assert fsdp.gather_units(LAYER, plan, "module", 1e4)[4] == 2 * 4096
+
+
+def test_list_collective_copies_one_kernel_per_rank_by_hand():
+    """1 GB gathered over 1,536 ranks, A100 HBM 2,039 GB/s at 90 %: the buffer is read and written
+    once (2e9 / 1.8351e12 = 1.0899 ms) plus 1,536 copy kernels of 8 us (12.288 ms)."""
+    assert fsdp.LIST_COPY_KERNEL_S == pytest.approx(1.1e-3 / (16 * 8 + 8), rel=0.02)  # DeepSpeed PR #1188
+    cluster = load_cluster("dgx-a100-80gb", 1536)
+    p = replace(A100, hbm_efficiency=0.9)
+    assert fsdp.per_rank_copies_s(1e9, 1536, cluster, p) == pytest.approx(2e9 / (2039e9 * 0.9) + 1536 * 8e-6, rel=1e-9)
+    assert fsdp.per_rank_copies_s(1e9, 1536, cluster, p) == pytest.approx(0.013378, abs=1e-6)
+    assert fsdp.per_rank_copies_s(1e9, 1, cluster, p) == 0.0
+
+
+def _exposed(plan: ParallelPlan, compute_s: float, gpus: int = 64) -> tuple[float, float]:
+    """(exposed ZeRO-3 time of two Llama-3 8B layers, sum of their units' collectives with copies)."""
+    cluster = load_cluster("dgx-a100-80gb", gpus)
+    st = setup(LLAMA8, cluster, plan, A100)
+    cost = LayerCost(compute_s, 2 * compute_s, 0, 0, 0, 0, 0, 0, ())
+    got = fsdp.exposed_per_microbatch_s([(LAYER, cost, "none")] * 2, plan, st.dp_span, cluster, A100)
+    fw = framework_profile(plan.framework, plan.framework_release)
+    n = st.dp_span.size if fw.per_rank_copies else 1
+    units = fsdp.gather_units(LAYER, plan, fw.gather_unit, fw.persistence_threshold_params)
+    grad = fsdp.GRAD_REDUCE_BYTES[plan.framework]
+    total = 2 * sum(2 * (comm.all_gather_s(u * 2, st.dp_span, cluster, A100) + fsdp.per_rank_copies_s(u * 2, n, cluster, A100))
+                + comm.reduce_scatter_s(u * grad, st.dp_span, cluster, A100) + fsdp.per_rank_copies_s(u * grad, n, cluster, A100)
+                for u in units)
+    return got, total
+
+
+def test_deepspeed_2021_gathers_synchronously_so_nothing_hides():
+    """torch.cuda.synchronize() before every gather (DeepSpeed <= 0.5.5): with a second of compute per
+    layer, all of the layer's gathers, reduce-scatters and per-rank copies stay exposed."""
+    plan = ParallelPlan(global_batch=64, seq_len=8192, zero=3, framework="deepspeed", framework_release="0.3",
+                        recompute=Recompute(mode="none"))
+    got, total = _exposed(plan, 1.0)
+    assert got == pytest.approx(total, rel=1e-12)
+    current, current_total = _exposed(plan.model_copy(update={"framework_release": None}), 1.0)
+    assert current < current_total  # today's DeepSpeed prefetches the modules under 5e7 parameters
+    assert current_total < total  # and pays no per-rank copies
+
+
+def test_parameter_gather_overlap_off_exposes_every_gather():
+    plan = ParallelPlan(global_batch=64, seq_len=8192, zero=3, framework="torchtitan", recompute=Recompute(mode="none"))
+    on, total = _exposed(plan, 1.0)
+    off, _ = _exposed(plan.model_copy(update={"overlap_param_gather": False}), 1.0)
+    assert on < off == pytest.approx(total, rel=1e-12)
+
+
+def test_per_rank_copies_grow_with_the_group_and_dominate_at_1536_ranks():
+    """Same two layers, 64 vs 1,536 ranks, no recompute: each of the four gathered modules runs two
+    gathers and a reduce-scatter, and each of those 12 collectives pays 1,536 − 64 more ring steps
+    (alpha each) and 1,536 − 64 more copy kernels (8 us each)."""
+    plan = ParallelPlan(global_batch=1536, seq_len=8192, zero=3, framework="deepspeed", framework_release="0.3",
+                        recompute=Recompute(mode="none"))
+    _, small = _exposed(plan, 0.0, 64)
+    _, large = _exposed(plan, 0.0, 1536)
+    units = len(fsdp.gather_units(LAYER, plan, "module", 1e5))
+    copies = 3 * units * (1536 - 64) * fsdp.LIST_COPY_KERNEL_S
+    latency = 3 * units * (1535 - 63) * load_cluster("dgx-a100-80gb", 64).inter_node_latency_s
+    assert large - small == pytest.approx(2 * (copies + latency), rel=0.02)
+
+
+def test_deepspeed_2021_holds_one_module_its_gradient_and_the_flat_copy():
+    """GPT 530B (h 20,480) on 640 A100s, tp 1: the largest gather unit is an MLP weight, 4h^2 =
+    1.6777e9 parameters; DeepSpeed 0.3 holds its 16-bit weights, its 16-bit gradient and the list
+    collective's flat copy: 6 x 1.6777e9 = 10.07e9 bytes (FSDP2's two blocks would be 20.1e9)."""
+    run = next(r for r in load_runs({"narayanan21-zero3"}) if r.run_id.endswith("530b_640gpu"))
+    cluster = runner._cluster_for(run.cluster, run.num_gpus)
+    graph = runner._graph_for(run)
+    plan = ParallelPlan(global_batch=2560, seq_len=2048, mbs=4, zero=3, framework="deepspeed", framework_release="0.3",
+                        recompute=Recompute(mode="full"))
+    st = setup(graph, cluster, plan, A100)
+    chunks = rank_chunks(assign_layers(graph, st.layout), st.layout)
+    _, breakdown, _, _ = rank_memory(0, chunks[0], graph, plan, st, A100)
+    assert breakdown["fsdp_gathered"] == pytest.approx(6 * 4 * 20480 ** 2, rel=1e-9)
+
+
+def test_every_zero3_run_of_the_2021_comparison_fits_under_the_default_margin():
+    for run in load_runs({"narayanan21-zero3"}):
+        pred = runner.predict(run, A100)
+        assert pred.fits, run.run_id
+        assert pred.plan.framework_release == "0.3"
+
+
+def test_grad_reduce_in_bf16_keeps_megatron_gradients_in_two_bytes():
+    """Megatron, distributed optimizer over 2 ranks, 1e9 parameters: weights 2e9 bytes, gradients
+    4e9 (fp32 main grads) or 2e9 (--grad-reduce-in-bf16), optimizer 12e9 / 2 = 6e9."""
+    from autopar.cost import memory
+
+    assert memory.model_state_bytes(1e9, "megatron", 1, 2) == {"weights": 2e9, "gradients": 4e9, "optimizer": 6e9}
+    g = memory.main_grad_bytes("megatron", True)
+    assert memory.model_state_bytes(1e9, "megatron", 1, 2, g) == {"weights": 2e9, "gradients": 2e9, "optimizer": 6e9}
+    bad = ParallelPlan(global_batch=8, seq_len=2048, framework="torchtitan", zero=3, grad_reduce_in_bf16=True)
+    out = plan_violations(bad, num_gpus=8, num_layers=32, num_heads=32, num_kv_heads=8)
+    assert any("grad_reduce_in_bf16 is Megatron's --grad-reduce-in-bf16" in v for v in out)
+
+
+def test_grad_reduce_in_bf16_round_trips_through_megatron_arguments():
+    from autopar.export import megatron_args
+    from autopar.export.importers import plan_from_megatron_args
+    from autopar.export.megatron_rules import megatron_violations, parse_megatron_argv
+    from autopar.model import load_spec
+    from autopar.schema.plan_file import PlanFile, PlanTarget
+
+    for on in (True, False):
+        plan = ParallelPlan(tp=2, global_batch=8, seq_len=2048, grad_reduce_in_bf16=on)
+        pf = PlanFile(autopar_version="test", parallel=plan,
+                      target=PlanTarget(model="llama3-8b", model_spec=load_spec("llama3-8b"), cluster="dgx-h100", gpus=8))
+        argv = megatron_args(pf)
+        assert ("--grad-reduce-in-bf16" in argv) is on
+        assert megatron_violations(parse_megatron_argv(argv), 8) == []
+        back, _ = plan_from_megatron_args(argv, num_gpus=8)
+        assert back.grad_reduce_in_bf16 is on
+
+
+def test_nemotron_340b_on_128_h100_fits_with_its_recipes_bf16_gradients():
+    """tp8 pp8 vpp12 dp2: 340B / 64 = 5.77e9 parameters per GPU; bf16 gradients save 2 bytes each
+    (10.75 GiB) over fp32 main grads, and the run fits under the default 10 % margin."""
+    run = next(r for r in load_runs({"nemo-24.07"}) if r.run_id == "nemo2407_h100_fp8_nemotron_340b_128gpu")
+    assert run.grad_reduce_in_bf16
+    _, h100 = load_cost_model("h100")
+    pred = runner.predict(run, h100)
+    assert pred.fits and pred.plan.grad_reduce_in_bf16
+    cluster = runner._cluster_for(run.cluster, run.num_gpus)
+    graph = runner._graph_for(run)
+    st = setup(graph, cluster, pred.plan, h100)
+    chunks = rank_chunks(assign_layers(graph, st.layout), st.layout)
+    _, b16, dense, _ = rank_memory(0, chunks[0], graph, pred.plan, st, h100)
+    assert b16["gradients"] == pytest.approx(2.0 * dense, rel=1e-9)
+    fp32 = pred.plan.model_copy(update={"grad_reduce_in_bf16": False})
+    _, b32, _, _ = rank_memory(0, chunks[0], graph, fp32, setup(graph, cluster, fp32, h100), h100)
+    assert b32["gradients"] - b16["gradients"] == pytest.approx(2.0 * dense, rel=1e-9)
