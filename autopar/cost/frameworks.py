@@ -49,6 +49,22 @@ Sources, per field:
   ProcessGroupNCCL.cpp, allgather/reduce_scatter) serves through a flat buffer and one copy_ per
   rank (same PR: "torch.distributed.all_gather will do implicit memcpy"; fixed with
   _all_gather_base in v0.5.6).
+- context parallelism: Megatron-Core hands CP to Transformer Engine's attention (--cp-comm-type
+  p2p/a2a/allgather), which moves K/V with their own (grouped) heads. torchtitan (9dec370, Dec 2024)
+  runs PyTorch's ring attention (torch/distributed/tensor/experimental/_attention.py at torch
+  1963fc8): it replaces F.scaled_dot_product_attention, so it sees the K/V that torchtitan's Llama
+  has already repeated to the query heads (models/llama/model.py repeat_kv before SDPA); its
+  "allgather" rotate method (torchtitan's default, --experimental.context_parallel_rotate_method)
+  gathers every rank's K/V once, behind the first SDPA step; it merges each step's output and
+  log-sum-exp into an fp32 running output (_SDPAMerger, convert_to_f32=True), accumulates dq/dk/dv
+  in fp32 and passes the running fp32 dK/dV to the next rank after every backward step
+  (_AllToAllRotater), waiting for the last one right after the loop. torchtitan compiles each
+  block (parallelize_llama.apply_compile, fullgraph), and a functional collective traced by
+  torch.compile is waited on right where it is issued (torch/distributed/_functional_collectives.py
+  _maybe_wrap_tensor: wait_tensor when tracing; Inductor's reorder_for_compute_comm_overlap is off
+  by default), so none of these transfers overlaps an SDPA step. Under CP torchtitan restricts
+  SDPA to the flash and memory-efficient backends (utils.get_train_context) and flash (FA2) is
+  chosen; without CP flash is chosen too, cuDNN SDPA being opt-in since pytorch#138522.
 """
 
 from __future__ import annotations
@@ -73,6 +89,9 @@ class FrameworkProfile:
     synchronous_gathers: bool = False  # every parameter gather waits for the device: no prefetch overlap
     per_rank_copies: bool = False  # ZeRO-3 collectives copy each rank's slice with its own kernel
     gathered_bytes_per_unit_param: float = 4.0  # unsharded bytes alive per parameter of the largest gather unit
+    cp_ring: str = "te"  # "te": Transformer Engine's CP attention | "torch": PyTorch's ring (fp32 merge, dK/dV ring)
+    cp_repeats_kv_heads: bool = False  # CP moves K/V repeated to the query heads (GQA expanded before SDPA)
+    cp_comm_overlapped: bool = True  # CP transfers run behind attention (False: waited where issued)
 
     def attention_kernel(self, arch: str) -> str:
         return dict(self.attention_kernel_by_arch).get(arch, "fa2")
@@ -94,7 +113,8 @@ FRAMEWORK_PROFILES: dict[str, FrameworkProfile] = {
         name="torchtitan", version="torchtitan 0.x (Dec 2024 - 0.3) on PyTorch 2.5+",
         attention_kernel_by_arch=(("ampere", "fa2"), ("hopper", "fa2"), ("blackwell", "fa2")),
         selective_policy="op_sac", fused_cross_entropy=False, persistent_gradients=False,
-        fp8_one_byte_saved_inputs=False, gather_unit="block", gathers_under_full_recompute=2, prefetch_depth=1),
+        fp8_one_byte_saved_inputs=False, gather_unit="block", gathers_under_full_recompute=2, prefetch_depth=1,
+        cp_ring="torch", cp_repeats_kv_heads=True, cp_comm_overlapped=False),
 }
 
 

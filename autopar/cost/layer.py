@@ -52,6 +52,9 @@ class Split:
     moe_dispatcher: str = "alltoall"
     attn_peak_flops: float = 0.0  # bf16 peak: attention never runs in fp8 (0 = peak_flops)
     attention_kernel: str = "fa2"  # flash kernel family the framework launches on this GPU
+    cp_ring: str = "te"  # CP attention implementation (autopar.cost.frameworks): "te" | "torch"
+    cp_repeats_kv_heads: bool = False  # CP moves K/V repeated to the query heads
+    cp_comm_overlapped: bool = True  # torch ring: transfers hidden behind SDPA steps (False: waited where issued)
 
 
 @dataclass(frozen=True, slots=True)
@@ -141,6 +144,8 @@ def _compute(layer: Layer, s: Split, cluster: Cluster, p: CostParams) -> tuple[f
     attn_fwd += (s.cp - 1) * p.kernel_overhead_s if attn_flops > 0 else 0.0
     attn_bwd = p.attention_backward_ratio * attention_time_s(attn_flops, s.seq_len / s.cp, attn_peak, p, unfused,
                                                              bwd_rate)
+    merge_fwd, merge_bwd = torch_ring_merge_s(layer, s, cluster, p)
+    attn_fwd, attn_bwd = attn_fwd + merge_fwd, attn_bwd + merge_bwd
     ew_bytes_sp = layer.elementwise_bytes_per_token_sp * s.tokens / (s.tp if s.sp else 1)
     ew_bytes_tp = layer.elementwise_bytes_per_token_tp * s.tokens / s.tp
     scores_bytes = layer.elementwise_bytes_per_token_per_seq_tp * layer.attended_keys(s.seq_len) * s.tokens / s.tp
@@ -207,6 +212,72 @@ def _tp_comm(layer: Layer, s: Split, spans: Spans, cluster: Cluster, p: CostPara
     return t * (1.0 - p.tp_overlap) if tp_overlap else t
 
 
+def cp_kv_bytes(layer: Layer, s: Split) -> float:
+    """bf16 K and V of one rank's tokens that context parallelism moves: with the K/V heads, or with
+    the query heads when the framework repeats K/V before attention (torchtitan's repeat_kv)."""
+    heads = layer.num_heads if s.cp_repeats_kv_heads else layer.num_kv_heads
+    return s.tokens * heads * (layer.head_dim_qk + layer.head_dim_v) * BF16_BYTES / s.tp
+
+
+def torch_ring_merge_bytes(layer: Layer, s: Split) -> tuple[float, float]:
+    """HBM bytes (forward, backward) that PyTorch's ring attention moves besides its SDPA kernels, per
+    rank and layer (torch/distributed/tensor/experimental/_attention.py at torch 1963fc8, Dec 2024),
+    counted at the fused minimum torch.compile leaves (torchtitan compiles each block, fullgraph):
+    forward: step 0 casts its output to fp32 (read 1, write 2 bf16-sizes O), each later step reads
+      its bf16 output and reads and writes the fp32 running output (_SDPAMerger: 5·O), the result is
+      cast back (3·O); K and V are concatenated once for the all-gather (2·KV): (5·cp + 1)·O + 2·KV;
+    backward: the fp32 dq and dK/dV accumulators likewise (step 0 cast, 5 per later step, final cast)
+      over Q + KV, plus the K/V concatenation: (5·cp + 1)·(Q + KV) + 2·KV.
+    Ignores the LSE (head_dim times smaller) and the unfused eager case (about 3× the traffic)."""
+    if s.cp == 1 or s.cp_ring != "torch" or not layer.num_heads:
+        return 0.0, 0.0
+    out = s.tokens * layer.num_heads * layer.head_dim_v * BF16_BYTES / s.tp
+    q = s.tokens * layer.num_heads * layer.head_dim_qk * BF16_BYTES / s.tp
+    kv = cp_kv_bytes(layer, s)
+    return (5 * s.cp + 1) * out + 2 * kv, (5 * s.cp + 1) * (q + kv) + 2 * kv
+
+
+def torch_ring_merge_s(layer: Layer, s: Split, cluster: Cluster, p: CostParams) -> tuple[float, float]:
+    """(forward, backward) seconds of torch_ring_merge_bytes at the achieved HBM bandwidth, one fused
+    kernel per ring step (two in backward: dq, and dK/dV into the send buffer)."""
+    fwd_bytes, bwd_bytes = torch_ring_merge_bytes(layer, s)
+    if not fwd_bytes:
+        return 0.0, 0.0
+    return (memory_bound_time_s(fwd_bytes, cluster.hbm_bytes_per_s, p, kernels=s.cp + 1),
+            memory_bound_time_s(bwd_bytes, cluster.hbm_bytes_per_s, p, kernels=2 * s.cp + 1))
+
+
+def torch_ring_comm_s(layer: Layer, s: Split, spans: Spans, cluster: Cluster, p: CostParams,
+                      attn_fwd_s: float, attn_bwd_s: float) -> tuple[float, float]:
+    """Exposed (forward, backward) CP communication of PyTorch's ring attention (torch 1963fc8
+    _templated_ring_attention and its backward; cp equal steps under the round-robin load balancer):
+    allgather rotate method (torchtitan's default): one all-gather of every rank's K/V, issued before
+      the first SDPA step and waited before the second, so it hides behind one step; the backward
+      gathers K/V again the same way;
+    alltoall rotate method (cp_comm_type p2p): cp − 1 sends of K/V to the next rank, each behind a step;
+    backward, both methods: after every step the running fp32 dK/dV (2·KV bytes) goes to the next
+      rank (_AllToAllRotater), hidden behind the next step, and the last one is waited for right
+      after the loop, fully exposed. A hidden transfer still exposes (1 − cp_overlap) of itself.
+    Compiled (torchtitan), every transfer is waited on where it is issued and hides behind nothing
+    (s.cp_comm_overlapped False; autopar.cost.frameworks)."""
+    kv = cp_kv_bytes(layer, s)
+    step_fwd, step_bwd = attn_fwd_s / s.cp, attn_bwd_s / s.cp
+
+    def behind(t: float, window: float) -> float:
+        if not s.cp_comm_overlapped:
+            return t
+        return max(t * (1.0 - p.cp_overlap), t - window)
+
+    if s.cp_comm_type == "allgather":
+        gather = comm.all_gather_s(kv * s.cp, spans.cp, cluster, p)
+        fwd, kv_bwd = behind(gather, step_fwd), behind(gather, step_bwd)
+    else:
+        send = comm.send_recv_s(kv, spans.cp.crosses_nodes, cluster, p)
+        fwd, kv_bwd = (s.cp - 1) * behind(send, step_fwd), (s.cp - 1) * behind(send, step_bwd)
+    dkv = comm.send_recv_s(2.0 * kv, spans.cp.crosses_nodes, cluster, p)
+    return fwd, kv_bwd + (s.cp - 1) * behind(dkv, step_bwd) + dkv
+
+
 def _cp_comm(layer: Layer, s: Split, spans: Spans, cluster: Cluster, p: CostParams, attn_fwd_s: float) -> float:
     """Exposed forward context-parallel communication of one layer, by Megatron --cp-comm-type:
     p2p: cp − 1 ring sends of the local K and V, overlapped with attention (Liu et al. 2023, Ring
@@ -216,7 +287,7 @@ def _cp_comm(layer: Layer, s: Split, spans: Spans, cluster: Cluster, p: CostPara
     allgather: an all-gather of K and V over the cp group before attention, not overlapped."""
     if s.cp == 1 or not layer.num_heads:
         return 0.0
-    kv_bytes = s.tokens * layer.num_kv_heads * (layer.head_dim_qk + layer.head_dim_v) * BF16_BYTES / s.tp
+    kv_bytes = cp_kv_bytes(layer, s)
     if s.cp_comm_type == "a2a":
         q_out_bytes = s.tokens * layer.num_heads * (layer.head_dim_qk + layer.head_dim_v) * BF16_BYTES / s.tp
         return comm.all_to_all_s(kv_bytes + q_out_bytes, spans.cp, cluster, p)
@@ -280,8 +351,14 @@ def _ep_comm(layer: Layer, s: Split, spans: Spans, cluster: Cluster, p: CostPara
 def layer_cost(layer: Layer, s: Split, spans: Spans, cluster: Cluster, p: CostParams, tp_overlap: bool) -> LayerCost:
     fwd, bwd, module_s = _compute(layer, s, cluster, p)
     tp = _tp_comm(layer, s, spans, cluster, p, tp_overlap)
-    cp = _cp_comm(layer, s, spans, cluster, p, module_s["core_attn"])
-    cp_bwd = _cp_comm(layer, s, spans, cluster, p, module_s["core_attn"] * p.attention_backward_ratio / 2) * 2
+    if s.cp == 1 or not layer.num_heads:
+        cp = cp_bwd = 0.0
+    elif s.cp_ring == "torch":
+        cp, cp_bwd = torch_ring_comm_s(layer, s, spans, cluster, p, module_s["core_attn"],
+                                       module_s["core_attn"] * p.attention_backward_ratio)
+    else:
+        cp = _cp_comm(layer, s, spans, cluster, p, module_s["core_attn"])
+        cp_bwd = _cp_comm(layer, s, spans, cluster, p, module_s["core_attn"] * p.attention_backward_ratio / 2) * 2
     ep = _ep_comm(layer, s, spans, cluster, p)
     ep_fwd = ep + moe_count_gather_s(layer, s, spans, cluster, p)
     return LayerCost(

@@ -168,11 +168,13 @@ def setup(graph: ModelGraph, cluster: Cluster, plan: ParallelPlan, p: CostParams
     if graph.spec.moe:
         routed = tokens / (plan.tp if plan.sequence_parallel else 1) * graph.spec.moe.top_k
         load = moe_load(plan, routed, plan.ep)
-    kernel = framework_profile(plan.framework, plan.framework_release).attention_kernel(gpu_arch(cluster.gpu_name))
+    fw = framework_profile(plan.framework, plan.framework_release)
     split = Split(tp=plan.tp, sp=plan.sequence_parallel, cp=plan.cp, ep=plan.ep, etp=layout.etp,
                   tokens=tokens, seq_len=plan.seq_len, hidden=graph.spec.hidden_size,
                   peak_flops=peak, moe_load=load, cp_comm_type=plan.cp_comm_type, moe_dispatcher=plan.moe_dispatcher,
-                  attn_peak_flops=bf16_peak, attention_kernel=kernel)
+                  attn_peak_flops=bf16_peak, attention_kernel=fw.attention_kernel(gpu_arch(cluster.gpu_name)),
+                  cp_ring=fw.cp_ring, cp_repeats_kv_heads=fw.cp_repeats_kv_heads,
+                  cp_comm_overlapped=fw.cp_comm_overlapped)
     return StepSetup(layout=layout, split=split)
 
 
