@@ -235,6 +235,39 @@ class Draft(NamedTuple):
         return ParallelPlan(**dict(zip(self._fields, self)))
 
 
+def draft_is_valid(d: Draft, num_gpus: int, num_layers: int, num_heads: int, num_kv_heads: int,
+                   num_experts: int = 0, gpus_per_node: int | None = None) -> bool:
+    """`not plan_violations(d, ...)` for a Draft, without building the messages: the same checks in
+    the same arithmetic on the tuple's fields (the ones a Draft pins at ParallelPlan's defaults:
+    zero_shard_size, layers_per_stage, tp_comm_overlap, grad_reduce_in_bf16, framework_release,
+    can break no rule and are not read). valid_bases runs it on every base (~57K for Qwen3-235B);
+    tests/test_space_fastpath.py checks it against plan_violations on every base of several spaces."""
+    tp, pp, cp, ep, etp, vpp, mbs, zero, sp, _, global_batch, seq_len, _, framework, cp_comm_type = d
+    mp = tp * pp * cp
+    if num_gpus % mp:
+        return False
+    dp = num_gpus // mp
+    if num_heads % tp or num_kv_heads % tp or global_batch % (dp * mbs):
+        return False
+    stages = pp * vpp
+    deepspeed = framework == Framework.DEEPSPEED
+    if (vpp > 1 and (pp == 1 or (global_batch // (dp * mbs)) % pp)) or num_layers < stages \
+            or (deepspeed and num_layers % stages):
+        return False
+    if (sp is True and tp == 1) or (gpus_per_node and tp > gpus_per_node):
+        return False
+    if cp > 1 and (seq_len % (2 * cp) or (cp_comm_type == "a2a" and (num_kv_heads // max(tp, 1)) % cp)):
+        return False
+    if not num_experts:
+        if ep > 1 or (etp is not None and etp != tp):
+            return False
+    elif num_experts % ep or num_gpus % ((etp if etp is not None else tp) * ep * pp):
+        return False
+    if zero not in FRAMEWORK_ZERO_STAGES[framework]:
+        return False
+    return not (deepspeed and (cp > 1 or ep > 1 or vpp > 1 or (pp > 1 and zero > 1)))
+
+
 def as_plan(plan: ParallelPlan | Draft) -> ParallelPlan:
     return plan.to_plan() if isinstance(plan, Draft) else plan
 
@@ -328,9 +361,8 @@ def valid_bases(spec: SpaceSpec) -> list[tuple[Draft, tuple[Recompute, ...]]]:
                                "lower --max-tp, the GPU count or the global batch")
     all_options = tuple(recompute_options(spec))
     for base in _recompute_free(spec):  # the validator does not read recompute: validate once
-        problems = plan_violations(base, **kwargs)
-        if problems:
-            first_problem = first_problem or problems
+        if not draft_is_valid(base, **kwargs):  # plan_violations' verdict; its messages only for the error
+            first_problem = first_problem or plan_violations(base, **kwargs)
             continue
         variants = all_options
         if refuses:
