@@ -25,7 +25,7 @@ host-side hook and Python work per module.
 
 from __future__ import annotations
 
-from autopar.cost import comm
+from autopar.cost import comm, memory
 from autopar.cost.frameworks import framework_profile
 from autopar.cost.layer import BF16_BYTES, LayerCost
 from autopar.cost.params import CostParams
@@ -33,10 +33,10 @@ from autopar.hardware import Cluster
 from autopar.model.graph import Layer
 from autopar.schema.plan import ParallelPlan
 
-# Bytes per gradient element reduce-scattered: FSDP2 in torchtitan reduces in fp32
-# (MixedPrecisionPolicy reduce_dtype=float32); DeepSpeed in the 16-bit gradient dtype; Megatron-FSDP
-# in fp32 (main grads).
-GRAD_REDUCE_BYTES = {"megatron": 4.0, "deepspeed": 2.0, "torchtitan": 4.0}
+# Bytes per gradient element reduce-scattered: the framework's gradient dtype (autopar.cost.memory.
+# main_grad_bytes): FSDP2 in torchtitan reduces in fp32 (MixedPrecisionPolicy reduce_dtype=float32);
+# DeepSpeed in the 16-bit gradient dtype; Megatron-FSDP in fp32 (main grads).
+GRAD_REDUCE_BYTES = {fw: memory.main_grad_bytes(fw, False) for fw in ("megatron", "deepspeed", "torchtitan")}
 
 
 def gather_units(layer: Layer, plan: ParallelPlan, unit: str, persistence_threshold: float = 0.0) -> list[float]:
@@ -108,7 +108,7 @@ def exposed_per_microbatch_s(layers: list[tuple[Layer, LayerCost, str]], plan: P
     if plan.zero < 3 or span.size <= 1:
         return 0.0
     fw = framework_profile(plan.framework, plan.framework_release)
-    grad_bytes = 2.0 if plan.grad_reduce_in_bf16 else GRAD_REDUCE_BYTES[plan.framework]
+    grad_bytes = memory.main_grad_bytes(plan.framework, plan.grad_reduce_in_bf16)
     fwd_comm, fwd_compute, bwd_comm, bwd_compute, ahead = [], [], [], [], []
     limit = fw.prefetch_max_params
     n = span.size if fw.per_rank_copies else 1

@@ -33,7 +33,7 @@ OPTIMIZER_BYTES_PER_PARAM = 34.0
 # overlap with backward. We expose at least 1/GRAD_BUCKETS of the reduction.
 GRAD_BUCKETS = 8
 MFU_NOTE = "MFU = (6·N_active + causal attention) FLOPs per token × tokens/s ÷ dense bf16 peak (fp8 plans too)"
-MAIN_GRAD_BYTES = {Framework.MEGATRON: 4.0, Framework.DEEPSPEED: 2.0, Framework.TORCHTITAN: 4.0}  # bytes reduced per grad
+MAIN_GRAD_BYTES = {fw: memory.main_grad_bytes(fw, False) for fw in Framework}  # bytes reduced per grad
 
 
 def usable_memory_bytes(capacity_bytes: float, memory_margin: float) -> float:
@@ -472,7 +472,7 @@ def _dp_sync_s(dense: float, expert: float, st: StepSetup, cluster: Cluster, p: 
     stays once per step. ZeRO-3/FSDP: see autopar.cost.fsdp, nothing is charged here a second time."""
     if plan.zero >= 3:
         return 0.0, 0.0
-    g = 2.0 if plan.grad_reduce_in_bf16 else MAIN_GRAD_BYTES[plan.framework]
+    g = memory.main_grad_bytes(plan.framework, plan.grad_reduce_in_bf16)
     step = per_microbatch = 0.0
     for params, span in ((dense, st.dp_span), (expert, st.edp_span)):
         if span.size <= 1 or params <= 0:
