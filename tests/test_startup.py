@@ -45,6 +45,33 @@ def test_search_does_not_import_or_tools():
     assert "ortools" not in loaded and "matplotlib" not in loaded
 
 
+def _plan_in_process(argv: list[str]) -> tuple[str, set[str]]:
+    """(stdout, module names loaded) of `autopar plan ...` run by autopar.cli.main() in a fresh
+    interpreter; fails unless the command exits 0."""
+    probe = (f"import sys, json\nsys.argv = ['autopar', 'plan', *{argv!r}]\nimport autopar.cli\n"
+             "try:\n    autopar.cli.main()\nexcept SystemExit as e:\n    assert not e.code, e.code\n"
+             "print('\\n' + json.dumps(sorted(sys.modules)))")
+    out = subprocess.run([sys.executable, "-c", probe], capture_output=True, text=True, check=True).stdout
+    text, _, modules = out.rstrip("\n").rpartition("\n")
+    names = set(json.loads(modules))
+    return text, names | {m.split(".")[0] for m in names}
+
+
+def test_plan_imports_no_numpy():
+    """A whole `autopar plan` (search, DP partition, stagewise recompute program, report) runs on
+    plain Python: importing NumPy alone would cost it ~0.12 s of start-up (issue 15). Dense with
+    JSON output; MoE (pp pinned to 2, so the DP partitions and the search stays short) as Rich tables."""
+    text, loaded = _plan_in_process(["llama3-70b", "--cluster", "dgx-h100", "--gpus", "64", "--seq-len", "8192",
+                                     "--global-batch", "128", "--json", "--quiet"])
+    data = json.loads(text)
+    assert data["plans"] and data["search"]["refined"] > 0  # the DP / recompute program ran
+    assert not loaded & {*HEAVY, "numpy", "scipy"}, loaded & {*HEAVY, "numpy", "scipy"}
+    text, loaded = _plan_in_process(["mixtral-8x7b", "--cluster", "dgx-h100", "--gpus", "32", "--seq-len", "4096",
+                                     "--global-batch", "256", "--fix", "tp=2,pp=2", "--quiet"])
+    assert "Chosen plan" in text and "refined by DP/ILP" in text
+    assert not loaded & {*HEAVY, "numpy", "scipy"}, loaded & {*HEAVY, "numpy", "scipy"}
+
+
 def test_model_catalog_is_current_and_equals_the_graphs():
     """The shipped catalogue (what `autopar models` prints) is fresh and equals the built graphs."""
     data = json.loads(catalog.CATALOG_PATH.read_text())

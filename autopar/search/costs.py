@@ -1,5 +1,5 @@
-"""The search's view of the cost model: per-layer NumPy tables and cheap bounds, built from the
-very functions `autopar.cost.step.estimate` uses, so search and evaluation cannot disagree.
+"""The search's view of the cost model: per-layer tables and cheap bounds, built from the very
+functions `autopar.cost.step.estimate` uses, so search and evaluation cannot disagree.
 
 Nothing here is a second cost model. Per-layer time comes from `layer_cost`; per-layer saved
 activations, recompute working bytes and parameters come from the estimate's private
@@ -22,15 +22,19 @@ exactly as `estimate` does).
 
 Candidates may be search.space.Drafts (NamedTuples with ParallelPlan's own properties); a
 validated ParallelPlan is built (`as_plan`) only where the estimate's functions need one.
+
+Tables are tuples of floats, one entry per layer (30 to 130 of them), summed in the fixed orders of
+autopar.search.summation (NumPy's, so the bounds did not move by a bit when NumPy left): at these
+sizes plain Python costs about what NumPy's per-call overhead did, and the plan command no longer
+imports NumPy (a tenth of a second of its start-up, issue 15).
 """
 
 from __future__ import annotations
 
 from collections.abc import Callable
 from dataclasses import dataclass, field
-from functools import cached_property
-
-import numpy as np
+from functools import cached_property, reduce
+from operator import add, itemgetter, sub
 
 from autopar.cost import comm, memory
 from autopar.cost.layer import BF16_BYTES, layer_cost
@@ -54,6 +58,7 @@ from autopar.hardware import Cluster
 from autopar.model.graph import ModelGraph
 from autopar.schema.plan import ParallelPlan, Recompute, RecomputeMode
 from autopar.search.space import as_plan
+from autopar.search.summation import pairwise_sum, prefix_sums
 
 MODES = tuple(RecomputeMode)
 
@@ -62,10 +67,10 @@ MODES = tuple(RecomputeMode)
 class MemoryColumns:
     """The memory half of a LayerTable (bytes and parameters on one GPU, per layer)."""
 
-    params_dense: np.ndarray  # parameters on one GPU outside the routed experts
-    params_expert: np.ndarray  # routed-expert parameters on one GPU
-    saved_bytes: dict[str, np.ndarray]  # mode -> bytes kept for backward, one microbatch
-    work_bytes: dict[str, np.ndarray]  # mode -> transient bytes while recomputing the layer
+    params_dense: tuple[float, ...]  # parameters on one GPU outside the routed experts
+    params_expert: tuple[float, ...]  # routed-expert parameters on one GPU
+    saved_bytes: dict[str, tuple[float, ...]]  # mode -> bytes kept for backward, one microbatch
+    work_bytes: dict[str, tuple[float, ...]]  # mode -> transient bytes while recomputing the layer
 
 
 @dataclass(frozen=True)
@@ -74,9 +79,9 @@ class LayerTable:
     (embedding, decoders, MTP, head). Seconds per microbatch on one GPU; bytes on one GPU. The
     memory columns are built on first use: most tables only ever bound time."""
 
-    is_decoder: np.ndarray  # bool
-    fb_s: np.ndarray  # forward + backward, no recompute
-    recompute_s: dict[str, np.ndarray]  # mode -> extra backward seconds (0 off the decoders)
+    is_decoder: tuple[bool, ...]
+    fb_s: tuple[float, ...]  # forward + backward, no recompute
+    recompute_s: dict[str, tuple[float, ...]]  # mode -> extra backward seconds (0 off the decoders)
     p2p_s: tuple[float, float]  # send of one microbatch's stage boundary (inside a node, across)
     memory_columns: Callable[[], MemoryColumns] = field(repr=False, compare=False)
 
@@ -85,37 +90,42 @@ class LayerTable:
         return self.memory_columns()
 
     @property
-    def params_dense(self) -> np.ndarray:
+    def params_dense(self) -> tuple[float, ...]:
         return self.memory.params_dense
 
     @property
-    def params_expert(self) -> np.ndarray:
+    def params_expert(self) -> tuple[float, ...]:
         return self.memory.params_expert
 
     @property
-    def saved_bytes(self) -> dict[str, np.ndarray]:
+    def saved_bytes(self) -> dict[str, tuple[float, ...]]:
         return self.memory.saved_bytes
 
     @property
-    def work_bytes(self) -> dict[str, np.ndarray]:
+    def work_bytes(self) -> dict[str, tuple[float, ...]]:
         return self.memory.work_bytes
 
     @cached_property
     def num_decoders(self) -> int:
-        return int(self.is_decoder.sum())
+        return sum(self.is_decoder)
+
+    @cached_property
+    def first_decoder(self) -> int:
+        """Index of the first decoder layer (the items before it are the embedding)."""
+        return self.is_decoder.index(True)
 
     @cached_property
     def time_sums(self) -> dict[str, float]:
-        out = {"fb": float(self.fb_s.sum())}
-        out.update({m: float(v.sum()) for m, v in self.recompute_s.items()})
-        out["full_per_layer"] = float(self.recompute_s["full"][self.is_decoder].min())
+        out = {"fb": pairwise_sum(self.fb_s)}
+        out.update({m: pairwise_sum(v) for m, v in self.recompute_s.items()})
+        out["full_per_layer"] = min(x for x, d in zip(self.recompute_s["full"], self.is_decoder) if d)
         return out
 
     @cached_property
     def sums(self) -> dict[str, float]:
         out = dict(self.time_sums)
-        out["dense"], out["expert"] = float(self.params_dense.sum()), float(self.params_expert.sum())
-        out.update({f"saved_{m}": float(v.sum()) for m, v in self.saved_bytes.items()})
+        out["dense"], out["expert"] = pairwise_sum(self.params_dense), pairwise_sum(self.params_expert)
+        out.update({f"saved_{m}": pairwise_sum(v) for m, v in self.saved_bytes.items()})
         return out
 
 
@@ -145,8 +155,11 @@ def layer_table(graph: ModelGraph, cluster: Cluster, plan: ParallelPlan, p: Cost
             kind_to_index[key] = len(kinds)
             kinds.append(layer)
         index.append(kind_to_index[key])
-    idx = np.array(index)
-    dec = np.array([layer.kind in ("dense", "moe") for layer in kinds])
+    dec = [layer.kind in ("dense", "moe") for layer in kinds]
+
+    def spread(per_kind: list) -> tuple:  # one value per kind -> one per layer
+        return tuple(map(per_kind.__getitem__, index))
+
     if memo is not None and memo.bound_to(graph, cluster, base_p):
         _, key_to_cost = memo.costs(memo.stages(st.layout), st, plan, p)
         costs = [key_to_cost[layer.kind if layer.kind in ("dense", "moe") else layer.name] for layer in kinds]
@@ -155,17 +168,18 @@ def layer_table(graph: ModelGraph, cluster: Cluster, plan: ParallelPlan, p: Cost
 
     def memory_columns() -> MemoryColumns:
         mode_plans = {m: plan.model_copy(update={"recompute": Recompute(mode=m, modules=modules)}) for m in MODES}
-        acts = {m: np.array([stage_activation_bytes([layer], mp, st.split.tokens) for layer in kinds])
+        acts = {m: [stage_activation_bytes([layer], mp, st.split.tokens) for layer in kinds]
                 for m, mp in mode_plans.items()}  # (saved, work) per kind
-        params = np.array([stage_params([layer], plan, False, graph.layers[0])[:2] for layer in kinds])
-        return MemoryColumns(params_dense=params[idx, 0], params_expert=params[idx, 1],
-                             saved_bytes={m: a[idx, 0] for m, a in acts.items()},
-                             work_bytes={m: a[idx, 1] for m, a in acts.items()})
+        params = [stage_params([layer], plan, False, graph.layers[0])[:2] for layer in kinds]
+        return MemoryColumns(params_dense=spread([float(d) for d, _ in params]),
+                             params_expert=spread([float(e) for _, e in params]),
+                             saved_bytes={m: spread([float(s) for s, _ in a]) for m, a in acts.items()},
+                             work_bytes={m: spread([float(w) for _, w in a]) for m, a in acts.items()})
 
     p2p_bytes = st.split.tokens * graph.spec.hidden_size * BF16_BYTES / (plan.tp if plan.sequence_parallel else 1)
     return LayerTable(
-        is_decoder=dec[idx], fb_s=np.array([c.fwd_s + c.bwd_s for c in costs])[idx],
-        recompute_s={m: np.array([c.recompute_s(m, modules, policy) if d else 0.0 for c, d in zip(costs, dec)])[idx]
+        is_decoder=spread(dec), fb_s=spread([float(c.fwd_s + c.bwd_s) for c in costs]),
+        recompute_s={m: spread([float(c.recompute_s(m, modules, policy)) if d else 0.0 for c, d in zip(costs, dec)])
                      for m in MODES},
         p2p_s=(comm.send_recv_s(p2p_bytes, False, cluster, p), comm.send_recv_s(p2p_bytes, True, cluster, p)),
         memory_columns=memory_columns)
@@ -183,7 +197,7 @@ class Pricer:
         self._key_to_params: dict[tuple, tuple[float, float]] = {}
         self._key_to_bound: dict[tuple, float] = {}
         self._key_to_prefixes: dict[tuple, object] = {}  # keyed by id(table): tables live as long as the Pricer
-        self._key_to_bounds: dict[tuple, tuple[np.ndarray, np.ndarray]] = {}
+        self._key_to_cuts: dict[tuple, tuple[tuple[int, ...], itemgetter]] = {}
         self._key_to_columns: dict[tuple, tuple] = {}
         self.memo = StepMemo(graph, cluster, p)  # the estimates of this search share it
 
@@ -259,30 +273,31 @@ class Pricer:
             uniform = r.mode != RecomputeMode.FULL or r.num_layers is None
             prefix = self._time_prefix(t, r.mode if uniform else None)
             counts = self.layout(plan).stage_counts
-            lo, hi = self._stage_bounds(t, counts)
-            stage = prefix[hi] - prefix[lo]
+            stage = stage_totals(prefix, self._stage_cuts(t, counts)[1])
             if not uniform:
-                stage = stage + t.time_sums["full_per_layer"] * np.minimum(np.array(counts), r.num_layers)
-            ranks = stage.reshape(plan.vpp, plan.pp).sum(axis=0)
-            hit = self._key_to_extremes[key] = ranks.tolist()
+                per_layer_s = t.time_sums["full_per_layer"]
+                stage = [s + per_layer_s * min(c, r.num_layers) for s, c in zip(stage, counts)]
+            hit = self._key_to_extremes[key] = rank_sums(stage, plan.pp)
         return hit
 
-    def _time_prefix(self, t: LayerTable, mode: str | None) -> np.ndarray:
+    def _time_prefix(self, t: LayerTable, mode: str | None) -> list[float]:
         """[0, cumulative forward + backward (+ `mode`'s recompute; None: none)] over the table's layers."""
         key = (id(t), mode)
         hit = self._key_to_prefixes.get(key)
         if hit is None:
-            hit = self._key_to_prefixes[key] = np.concatenate(
-                ([0.0], np.cumsum(t.fb_s + (t.recompute_s[mode] if mode is not None else 0.0))))
+            per_layer_s = t.fb_s if mode is None else map(add, t.fb_s, t.recompute_s[mode])
+            hit = self._key_to_prefixes[key] = prefix_sums(per_layer_s)
         return hit
 
-    def _stage_bounds(self, t: LayerTable, counts: tuple[int, ...]) -> tuple[np.ndarray, np.ndarray]:
-        """(lo, hi) index arrays of stage_bounds for the table's layers and a split."""
+    def _stage_cuts(self, t: LayerTable, counts: tuple[int, ...]) -> tuple[tuple[int, ...], itemgetter]:
+        """The table's layer indices where the virtual stages of a split start, then its number of
+        layers (stage v = [cuts[v], cuts[v + 1]), in execution order), and their itemgetter."""
         key = (len(t.fb_s), counts)
-        hit = self._key_to_bounds.get(key)
+        hit = self._key_to_cuts.get(key)
         if hit is None:
-            lo, hi = np.array(stage_bounds(len(t.fb_s), counts, int(np.argmax(t.is_decoder)))).T
-            hit = self._key_to_bounds[key] = (lo, hi)
+            bounds = stage_bounds(len(t.fb_s), counts, t.first_decoder)
+            cuts = (*(lo for lo, _ in bounds), bounds[-1][1])
+            hit = self._key_to_cuts[key] = (cuts, itemgetter(*cuts))
         return hit
 
     def quick_memory_lower_bound_bytes(self, plan: ParallelPlan) -> float:
@@ -314,7 +329,8 @@ class Pricer:
         if key not in self._key_to_params:
             layers = self.graph.layers
             parts = [stage_params([layer], plan, False, layers[0])[:2] for layer in layers]
-            self._key_to_params[key] = (float(np.sum([d for d, _ in parts])), float(np.sum([e for _, e in parts])))
+            self._key_to_params[key] = (pairwise_sum([float(d) for d, _ in parts]),
+                                        pairwise_sum([float(e) for _, e in parts]))
         return self._key_to_params[key]
 
     def states_lower_bound_bytes(self, plan: ParallelPlan) -> float:
@@ -340,37 +356,37 @@ class Pricer:
             return self.quick_memory_lower_bound_bytes(plan)
         t = self.table(plan)
         layout = self.layout(plan)
-        dense_chunk, expert_chunk, rank_to_extremes = self._chunk_columns(t, r.mode, layout.stage_counts, plan.pp,
-                                                                          plan.vpp)
         per_dense, per_expert = self._state_bytes_per_param(plan)
-        states = (per_dense * dense_chunk + per_expert * expert_chunk).reshape(plan.vpp, plan.pp)
         out = 0.0
-        for rank, (saved, work) in rank_to_extremes.items():  # in-flight count (Layout.inflight) × its mean chunk
-            acts = layout.inflight[rank] * saved / plan.vpp
-            out = max(out, float(states[:, rank].sum() + acts + work))
+        for rank, (dense, expert, saved, work) in self._chunk_columns(t, r.mode, layout.stage_counts, plan.pp).items():
+            states = pairwise_sum([per_dense * d + per_expert * e for d, e in zip(dense, expert)])
+            acts = layout.inflight[rank] * saved / plan.vpp  # in-flight count (Layout.inflight) × its mean chunk
+            out = max(out, states + acts + work)
         p = self.p
         return memory.with_overheads(out, p.cuda_context_bytes, p.comm_buffer_bytes, p.fragmentation)
 
-    def _chunk_columns(self, t: LayerTable, mode: str, counts: tuple[int, ...], pp: int, vpp: int) -> tuple:
-        """Per virtual stage: dense and expert parameters; for ranks 0 and pp − 1: the saved bytes
-        of their chunks summed and their largest working bytes (rank_memory_lower_bound_bytes)."""
-        key = (id(t), mode, counts, pp, vpp)
+    def _chunk_columns(self, t: LayerTable, mode: str, counts: tuple[int, ...], pp: int) -> dict[int, tuple]:
+        """For ranks 0 and pp − 1: the dense and the expert parameters of each of their chunks, the
+        saved bytes of their chunks summed and their largest working bytes (the columns of
+        rank_memory_lower_bound_bytes). Virtual stage v = c · pp + r is chunk c of rank r."""
+        key = (id(t), mode, counts, pp)
         hit = self._key_to_columns.get(key)
         if hit is None:
-            lo, hi = self._stage_bounds(t, counts)
-            dense, expert, saved = self._prefixes(t, mode)
-            chunk_saved = (saved[hi] - saved[lo]).reshape(vpp, pp)
-            chunk_work = np.maximum.reduceat(t.work_bytes[mode], lo).reshape(vpp, pp)  # chunks: contiguous, non-empty
-            extremes = {rank: (chunk_saved[:, rank].sum(), chunk_work[:, rank].max()) for rank in {0, pp - 1}}
-            hit = self._key_to_columns[key] = (dense[hi] - dense[lo], expert[hi] - expert[lo], extremes)
+            cuts, at_cuts = self._stage_cuts(t, counts)
+            dense, expert, saved = (stage_totals(prefix, at_cuts) for prefix in self._prefixes(t, mode))
+            work = t.work_bytes[mode]
+            hit = self._key_to_columns[key] = {
+                rank: (dense[rank::pp], expert[rank::pp], pairwise_sum(saved[rank::pp]),
+                       max(max(work[cuts[v]:cuts[v + 1]]) for v in range(rank, len(cuts) - 1, pp)))
+                for rank in {0, pp - 1}}  # chunks: contiguous, non-empty
         return hit
 
-    def _prefixes(self, t: LayerTable, mode: str) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+    def _prefixes(self, t: LayerTable, mode: str) -> tuple[list[float], list[float], list[float]]:
+        """prefix_sums of the table's dense and expert parameters and of `mode`'s saved bytes."""
         key = (id(t), mode, "memory")
         if key not in self._key_to_prefixes:
-            def prefix(a):
-                return np.concatenate(([0.0], np.cumsum(a)))
-            self._key_to_prefixes[key] = (prefix(t.params_dense), prefix(t.params_expert), prefix(t.saved_bytes[mode]))
+            self._key_to_prefixes[key] = (prefix_sums(t.params_dense), prefix_sums(t.params_expert),
+                                          prefix_sums(t.saved_bytes[mode]))
         return self._key_to_prefixes[key]
 
     def memory_lower_bound_bytes(self, plan: ParallelPlan) -> float:
@@ -424,15 +440,37 @@ def stage_memory_model(graph: ModelGraph, cluster: Cluster, plan: ParallelPlan, 
 
 
 def stage_inputs(table: LayerTable, mem: StageMemoryModel, plan: ParallelPlan):
-    """The DP's arrays for a vpp = 1 plan whose recompute mode applies to every decoder."""
+    """The DP's per-layer columns for a vpp = 1 plan whose recompute mode applies to every decoder."""
     from autopar.search.partition import StageInputs
 
     mode = plan.recompute.mode
     return StageInputs(
-        time_s=table.fb_s + table.recompute_s[mode],
-        state_bytes=mem.state_per_dense * table.params_dense + mem.state_per_expert * table.params_expert,
+        time_s=tuple(map(add, table.fb_s, table.recompute_s[mode])),
+        state_bytes=state_bytes_per_layer(table, mem),
         saved_bytes=table.saved_bytes[mode], work_bytes=table.work_bytes[mode], is_decoder=table.is_decoder,
         inflight=mem.inflight, usable_bytes=mem.usable_bytes, extra_last_bytes=mem.extra_last_bytes)
+
+
+def state_bytes_per_layer(table: LayerTable, mem: StageMemoryModel) -> tuple[float, ...]:
+    """Bytes of weights + grads + optimizer of each layer on one GPU, after ZeRO sharding."""
+    return tuple(mem.state_per_dense * d + mem.state_per_expert * e
+                 for d, e in zip(table.params_dense, table.params_expert))
+
+
+def stage_totals(prefix: list[float], at_cuts: itemgetter) -> list[float]:
+    """Per stage, prefix[end] − prefix[start] of a running sum (`at_cuts`: Pricer._stage_cuts;
+    stages are contiguous, one's end is the next one's start)."""
+    ends = at_cuts(prefix)
+    return list(map(sub, ends[1:], ends))
+
+
+def rank_sums(stage_values: list[float], pp: int) -> list[float]:
+    """Per pipeline rank, the sum of its virtual stages' values (virtual stage v = c · pp + r is
+    chunk c of rank r), chunk by chunk in order: with NumPy, stage_values.reshape(vpp, pp).sum(axis=0)."""
+    if len(stage_values) == pp:
+        return list(stage_values)
+    chunks = [stage_values[c:c + pp] for c in range(0, len(stage_values), pp)]
+    return [reduce(add, column) for column in zip(*chunks)]
 
 
 def stage_bounds(num_items: int, counts: tuple[int, ...], first_decoder: int = 1) -> list[tuple[int, int]]:

@@ -53,10 +53,9 @@ import warnings
 from dataclasses import dataclass
 from itertools import product
 
-import numpy as np
-
 from autopar.errors import NoFeasiblePlanError
 from autopar.schema.plan import Recompute
+from autopar.search.summation import pairwise_sum
 from autopar.units import GiB
 
 TIME_UNITS_PER_S = 1e9  # the solver's time unit: 1 ns
@@ -203,24 +202,42 @@ def solve_recompute(problem: RecomputeProblem, method: str = "stagewise") -> Rec
 
 def _best_stage_choice(pb: RecomputeProblem, r: int) -> tuple[int, int] | None:
     """(f_r, s_r) with the least t_r among those that fit stage r (ties: least f, then least s);
-    None when none fits. Integer arithmetic on the whole grid f + s ≤ L_r, as objective_ns does."""
-    n_layers = pb.layers[r]
-    f, s = np.meshgrid(np.arange(n_layers + 1, dtype=np.int64), np.arange(n_layers + 1, dtype=np.int64),
-                       indexing="ij")
-    ok = f + s <= n_layers
-    f, s = f[ok], s[ok]
-    n = n_layers - f - s
-    work = np.maximum(np.where(f > 0, pb.work_full_bytes[r], 0), np.where(s > 0, pb.work_sel_bytes[r], 0))
-    k, v = pb.inflight[r], pb.vpp
-    mem = v * (pb.state_bytes[r] + work) + k * (pb.fixed_saved_bytes[r] + f * pb.full_bytes[r]
-                                                + s * pb.sel_bytes[r] + n * pb.none_bytes[r])
-    fits = mem <= v * pb.usable_bytes
-    if not fits.any():
-        return None
-    f, s = f[fits], s[fits]
-    t = pb.base_ns[r] + f * pb.full_ns[r] + s * pb.sel_ns[r]
-    i = np.lexsort((s, f, t))[0]  # least t, then f, then s
-    return int(f[i]), int(s[i])
+    None when none fits. Integer arithmetic, as objective_ns does: for each f, the best s by
+    _best_selective (O(L_r) in all, the same answer as scanning the grid f + s ≤ L_r; tested)."""
+    best = None  # (t_r, f_r, s_r)
+    for f in range(pb.layers[r] + 1):
+        s = _best_selective(pb, r, f)
+        if s is not None:
+            key = (_stage_time_ns(pb, r, f, s), f, s)
+            if best is None or key < best:
+                best = key
+    return None if best is None else best[1:]
+
+
+def _best_selective(pb: RecomputeProblem, r: int, f: int) -> int | None:
+    """The s with the least (t_r, s) among those that fit stage r beside f fully recomputed layers.
+    For s ≥ 1 the working bytes no longer change, so the memory is linear in s, slope
+    inflight · (a_sel − a_none): the fitting s ≥ 1 form an interval, whose end nearer the least
+    t_r is the candidate; s = 0 is checked apart."""
+    cap, top = pb.vpp * pb.usable_bytes, pb.layers[r] - f
+    choices = [0] if stage_memory_scaled(pb, r, f, 0) <= cap else []
+    if top >= 1:
+        first = stage_memory_scaled(pb, r, f, 1)  # memory at s = 1; at s: first + (s − 1) · slope
+        slope = pb.inflight[r] * (pb.sel_bytes[r] - pb.none_bytes[r])
+        if slope < 0:
+            lo, hi = 1 + max(0, -((cap - first) // -slope)), top  # ⌈(first − cap) / −slope⌉ more layers
+        elif slope > 0:
+            lo, hi = 1, min(top, 1 + (cap - first) // slope) if first <= cap else 0
+        else:
+            lo, hi = 1, top if first <= cap else 0
+        if lo <= hi:
+            choices.append(hi if pb.sel_ns[r] < 0 else lo)
+    return min(choices, key=lambda s: (_stage_time_ns(pb, r, f, s), s), default=None)
+
+
+def _stage_time_ns(pb: RecomputeProblem, r: int, full: int, selective: int) -> int:
+    """t_r = base_r + f_r · c_full + s_r · c_sel."""
+    return pb.base_ns[r] + full * pb.full_ns[r] + selective * pb.sel_ns[r]
 
 
 def _infeasible_message(pb: RecomputeProblem) -> str:
@@ -253,7 +270,7 @@ def objective_ns(pb: RecomputeProblem, full: tuple[int, ...], selective: tuple[i
         mem = stage_memory_scaled(pb, r, f, s)
         if mem > pb.vpp * pb.usable_bytes:
             return None
-        times.append(pb.base_ns[r] + f * pb.full_ns[r] + s * pb.sel_ns[r])
+        times.append(_stage_time_ns(pb, r, f, s))
     return (pb.vpp * pb.num_microbatches - 1) * max(times) + sum(times)
 
 
@@ -272,25 +289,30 @@ def recompute_problem(table, mem, counts: tuple[int, ...], pp: int, vpp: int,
                       num_microbatches: int) -> RecomputeProblem:
     """The instance of a plan from its layer table (autopar.search.costs.LayerTable), its stage
     memory model (StageMemoryModel) and decoder layers per virtual stage (pp·vpp entries)."""
-    from autopar.search.costs import stage_bounds
+    from autopar.search.costs import stage_bounds, state_bytes_per_layer
 
-    bounds = stage_bounds(len(table.fb_s), counts, int(np.argmax(table.is_decoder)))
-    state = mem.state_per_dense * table.params_dense + mem.state_per_expert * table.params_expert
+    bounds = stage_bounds(len(table.fb_s), counts, table.first_decoder)
+    state = state_bytes_per_layer(table, mem)
     rows = []
     for r in range(pp):
-        idx = np.concatenate([np.arange(*bounds[c * pp + r]) for c in range(vpp)])
-        dec, other = idx[table.is_decoder[idx]], idx[~table.is_decoder[idx]]
+        idx = [i for c in range(vpp) for i in range(*bounds[c * pp + r])]  # rank r's chunks in order
+        dec = [i for i in idx if table.is_decoder[i]]
+        other = [i for i in idx if not table.is_decoder[i]]
 
-        def mean(a):
-            return float(a[dec].mean())
+        def total(column, items):
+            return pairwise_sum([column[i] for i in items])
+
+        def mean(column):
+            return total(column, dec) / len(dec)
 
         extra = mem.extra_last_bytes if r == pp - 1 else 0.0
         rows.append((
-            len(dec), _ns(table.fb_s[idx].sum()), _ns(mean(table.recompute_s["full"])),
-            _ns(mean(table.recompute_s["selective"])), _bytes(state[idx].sum() + extra),
-            _bytes(table.saved_bytes["none"][other].sum()), _bytes(mean(table.saved_bytes["none"])),
+            len(dec), _ns(total(table.fb_s, idx)), _ns(mean(table.recompute_s["full"])),
+            _ns(mean(table.recompute_s["selective"])), _bytes(total(state, idx) + extra),
+            _bytes(total(table.saved_bytes["none"], other)), _bytes(mean(table.saved_bytes["none"])),
             _bytes(mean(table.saved_bytes["selective"])), _bytes(mean(table.saved_bytes["full"])),
-            _bytes(float(table.work_bytes["full"][dec].max())), _bytes(float(table.work_bytes["selective"][dec].max())),
+            _bytes(max(table.work_bytes["full"][i] for i in dec)),
+            _bytes(max(table.work_bytes["selective"][i] for i in dec)),
         ))
     cols = list(zip(*rows))
     return RecomputeProblem(*[tuple(c) for c in cols], inflight=tuple(mem.inflight), usable_bytes=int(mem.usable_bytes),
