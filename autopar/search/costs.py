@@ -31,9 +31,10 @@ imports NumPy (a tenth of a second of its start-up, issue 15).
 
 from __future__ import annotations
 
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from functools import cached_property, reduce
+from itertools import compress
 from operator import add, itemgetter, sub
 
 from autopar.cost import comm, memory
@@ -116,17 +117,18 @@ class LayerTable:
 
     @cached_property
     def time_sums(self) -> dict[str, float]:
-        out = {"fb": pairwise_sum(self.fb_s)}
-        out.update({m: pairwise_sum(v) for m, v in self.recompute_s.items()})
-        out["full_per_layer"] = min(x for x, d in zip(self.recompute_s["full"], self.is_decoder) if d)
-        return out
+        """"fb": forward + backward of every layer; "full_per_layer": the cheapest decoder's full recompute."""
+        return {"fb": pairwise_sum(self.fb_s), "full_per_layer": min(compress(self.recompute_s["full"], self.is_decoder))}
 
     @cached_property
-    def sums(self) -> dict[str, float]:
-        out = dict(self.time_sums)
-        out["dense"], out["expert"] = pairwise_sum(self.params_dense), pairwise_sum(self.params_expert)
-        out.update({f"saved_{m}": pairwise_sum(v) for m, v in self.saved_bytes.items()})
-        return out
+    def param_totals(self) -> tuple[float, float]:
+        """(dense, routed-expert) parameters on one GPU over every layer."""
+        return pairwise_sum(self.params_dense), pairwise_sum(self.params_expert)
+
+    @cached_property
+    def saved_totals(self) -> dict[str, float]:
+        """Recompute mode -> bytes every layer keeps for backward, one microbatch."""
+        return {m: pairwise_sum(v) for m, v in self.saved_bytes.items()}
 
 
 def split_key(plan: ParallelPlan) -> tuple:
@@ -157,8 +159,10 @@ def layer_table(graph: ModelGraph, cluster: Cluster, plan: ParallelPlan, p: Cost
         index.append(kind_to_index[key])
     dec = [layer.kind in ("dense", "moe") for layer in kinds]
 
+    at_layers = itemgetter(*index) if len(index) > 1 else (lambda per_kind: (per_kind[index[0]],))
+
     def spread(per_kind: list) -> tuple:  # one value per kind -> one per layer
-        return tuple(map(per_kind.__getitem__, index))
+        return at_layers(per_kind)
 
     if memo is not None and memo.bound_to(graph, cluster, base_p):
         _, key_to_cost = memo.costs(memo.stages(st.layout), st, plan, p)
@@ -273,7 +277,7 @@ class Pricer:
             uniform = r.mode != RecomputeMode.FULL or r.num_layers is None
             prefix = self._time_prefix(t, r.mode if uniform else None)
             counts = self.layout(plan).stage_counts
-            stage = stage_totals(prefix, self._stage_cuts(t, counts)[1])
+            stage = stage_totals(self._stage_cuts(t, counts)[1](prefix))
             if not uniform:
                 per_layer_s = t.time_sums["full_per_layer"]
                 stage = [s + per_layer_s * min(c, r.num_layers) for s, c in zip(stage, counts)]
@@ -305,8 +309,9 @@ class Pricer:
         with the estimate's overheads (the peak rank holds at least the mean of each)."""
         t = self.table(plan)
         per_dense, per_expert = self._state_bytes_per_param(plan)
-        states = (per_dense * t.sums["dense"] + per_expert * t.sums["expert"]) / plan.pp
-        saved = t.sums[f"saved_{plan.recompute.mode}"] / plan.pp  # full(K) saves at least full's bytes
+        dense, expert = t.param_totals
+        states = (per_dense * dense + per_expert * expert) / plan.pp
+        saved = t.saved_totals[plan.recompute.mode] / plan.pp  # full(K) saves at least full's bytes
         p = self.p
         return memory.with_overheads(states + saved, p.cuda_context_bytes, p.comm_buffer_bytes, p.fragmentation)
 
@@ -324,7 +329,7 @@ class Pricer:
 
     def param_sums(self, plan: ParallelPlan) -> tuple[float, float]:
         """(dense, routed-expert) parameters on one GPU summed over the whole graph, by the
-        estimate's `stage_params`; they depend on tp, ep and etp only (= LayerTable.sums)."""
+        estimate's `stage_params`; they depend on tp, ep and etp only (= LayerTable.param_totals)."""
         key = (plan.tp, plan.ep, plan.expert_tp)
         if key not in self._key_to_params:
             layers = self.graph.layers
@@ -373,20 +378,22 @@ class Pricer:
         hit = self._key_to_columns.get(key)
         if hit is None:
             cuts, at_cuts = self._stage_cuts(t, counts)
-            dense, expert, saved = (stage_totals(prefix, at_cuts) for prefix in self._prefixes(t, mode))
+            dense, expert, saved = (at_cuts(prefix) for prefix in self._prefixes(t, mode))
             work = t.work_bytes[mode]
             hit = self._key_to_columns[key] = {
-                rank: (dense[rank::pp], expert[rank::pp], pairwise_sum(saved[rank::pp]),
-                       max(max(work[cuts[v]:cuts[v + 1]]) for v in range(rank, len(cuts) - 1, pp)))
-                for rank in {0, pp - 1}}  # chunks: contiguous, non-empty
+                rank: (chunk_totals(dense, rank, pp), chunk_totals(expert, rank, pp),
+                       pairwise_sum(chunk_totals(saved, rank, pp)), chunk_max(work, cuts, rank, pp))
+                for rank in {0, pp - 1}}
         return hit
 
     def _prefixes(self, t: LayerTable, mode: str) -> tuple[list[float], list[float], list[float]]:
         """prefix_sums of the table's dense and expert parameters and of `mode`'s saved bytes."""
         key = (id(t), mode, "memory")
         if key not in self._key_to_prefixes:
-            self._key_to_prefixes[key] = (prefix_sums(t.params_dense), prefix_sums(t.params_expert),
-                                          prefix_sums(t.saved_bytes[mode]))
+            params_key = (id(t), "params")
+            if params_key not in self._key_to_prefixes:
+                self._key_to_prefixes[params_key] = (prefix_sums(t.params_dense), prefix_sums(t.params_expert))
+            self._key_to_prefixes[key] = (*self._key_to_prefixes[params_key], prefix_sums(t.saved_bytes[mode]))
         return self._key_to_prefixes[key]
 
     def memory_lower_bound_bytes(self, plan: ParallelPlan) -> float:
@@ -457,20 +464,38 @@ def state_bytes_per_layer(table: LayerTable, mem: StageMemoryModel) -> tuple[flo
                  for d, e in zip(table.params_dense, table.params_expert))
 
 
-def stage_totals(prefix: list[float], at_cuts: itemgetter) -> list[float]:
-    """Per stage, prefix[end] − prefix[start] of a running sum (`at_cuts`: Pricer._stage_cuts;
-    stages are contiguous, one's end is the next one's start)."""
-    ends = at_cuts(prefix)
-    return list(map(sub, ends[1:], ends))
+# Virtual stage v = c · pp + r is chunk c of pipeline rank r. `at_cut`: a running sum (prefix_sums)
+# read at the stage cuts (Pricer._stage_cuts: each stage's first layer, then the layer count), so
+# stage v's total is at_cut[v + 1] − at_cut[v].
+
+def stage_totals(at_cut: Sequence[float]) -> list[float]:
+    """Each virtual stage's total."""
+    return list(map(sub, at_cut[1:], at_cut))
+
+
+def chunk_totals(at_cut: Sequence[float], rank: int, pp: int) -> list[float]:
+    """The totals of pipeline rank `rank`'s chunks, in order."""
+    return list(map(sub, at_cut[rank + 1::pp], at_cut[rank:-1:pp]))
+
+
+def chunk_max(values: Sequence[float], cuts: tuple[int, ...], rank: int, pp: int) -> float:
+    """The largest of `values` over pipeline rank `rank`'s layers (its chunks: contiguous, non-empty)."""
+    chunks = map(slice, cuts[rank:-1:pp], cuts[rank + 1::pp])
+    return max(map(max, map(values.__getitem__, chunks)))
 
 
 def rank_sums(stage_values: list[float], pp: int) -> list[float]:
-    """Per pipeline rank, the sum of its virtual stages' values (virtual stage v = c · pp + r is
-    chunk c of rank r), chunk by chunk in order: with NumPy, stage_values.reshape(vpp, pp).sum(axis=0)."""
-    if len(stage_values) == pp:
+    """Per pipeline rank, the sum of its chunks' values, chunk after chunk (with NumPy,
+    stage_values.reshape(vpp, pp).sum(axis=0)); the loop runs over the shorter of ranks and chunks."""
+    vpp = len(stage_values) // pp
+    if vpp == 1:
         return list(stage_values)
-    chunks = [stage_values[c:c + pp] for c in range(0, len(stage_values), pp)]
-    return [reduce(add, column) for column in zip(*chunks)]
+    if pp <= vpp:
+        return [reduce(add, stage_values[rank::pp]) for rank in range(pp)]
+    out = stage_values[:pp]
+    for start in range(pp, len(stage_values), pp):
+        out = list(map(add, out, stage_values[start:start + pp]))
+    return out
 
 
 def stage_bounds(num_items: int, counts: tuple[int, ...], first_decoder: int = 1) -> list[tuple[int, int]]:

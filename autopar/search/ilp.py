@@ -218,21 +218,22 @@ def _best_selective(pb: RecomputeProblem, r: int, f: int) -> int | None:
     """The s with the least (t_r, s) among those that fit stage r beside f fully recomputed layers.
     For s ≥ 1 the working bytes no longer change, so the memory is linear in s, slope
     inflight · (a_sel − a_none): the fitting s ≥ 1 form an interval, whose end nearer the least
-    t_r is the candidate; s = 0 is checked apart."""
+    t_r (t_r moves by c_sel per layer) is the candidate; s = 0 is checked apart."""
     cap, top = pb.vpp * pb.usable_bytes, pb.layers[r] - f
-    choices = [0] if stage_memory_scaled(pb, r, f, 0) <= cap else []
-    if top >= 1:
-        first = stage_memory_scaled(pb, r, f, 1)  # memory at s = 1; at s: first + (s − 1) · slope
-        slope = pb.inflight[r] * (pb.sel_bytes[r] - pb.none_bytes[r])
-        if slope < 0:
-            lo, hi = 1 + max(0, -((cap - first) // -slope)), top  # ⌈(first − cap) / −slope⌉ more layers
-        elif slope > 0:
-            lo, hi = 1, min(top, 1 + (cap - first) // slope) if first <= cap else 0
-        else:
-            lo, hi = 1, top if first <= cap else 0
-        if lo <= hi:
-            choices.append(hi if pb.sel_ns[r] < 0 else lo)
-    return min(choices, key=lambda s: (_stage_time_ns(pb, r, f, s), s), default=None)
+    zero_fits = stage_memory_scaled(pb, r, f, 0) <= cap
+    if top < 1 or (zero_fits and pb.sel_ns[r] >= 0):  # s ≥ 1 cannot be faster than s = 0
+        return 0 if zero_fits else None
+    first = stage_memory_scaled(pb, r, f, 1)  # memory at s = 1; at s: first + (s − 1) · slope
+    slope = pb.inflight[r] * (pb.sel_bytes[r] - pb.none_bytes[r])
+    if slope < 0:
+        lo, hi = 1 + max(0, -((cap - first) // -slope)), top  # ⌈(first − cap) / −slope⌉ more layers
+    elif slope > 0:
+        lo, hi = 1, min(top, 1 + (cap - first) // slope) if first <= cap else 0
+    else:
+        lo, hi = 1, top if first <= cap else 0
+    if lo > hi:
+        return 0 if zero_fits else None
+    return hi if pb.sel_ns[r] < 0 else lo  # c_sel < 0: the most layers; else the fewest (ties: least s)
 
 
 def _stage_time_ns(pb: RecomputeProblem, r: int, full: int, selective: int) -> int:
