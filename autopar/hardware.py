@@ -21,6 +21,7 @@ from autopar.errors import InputFileError, SchemaError, UnknownClusterError
 from autopar.io import read_text_file
 from autopar.limits import MAX_GPUS, check_name, clip, clip_repr
 from autopar.schema.hardware import ClusterProfile
+from autopar.schema.plain import build
 from autopar.units import GB, GBIT, GiB, TFLOPS, US
 
 _PROFILE_DIR_NAME = "hardware_profiles"
@@ -100,7 +101,8 @@ def cluster_rows() -> list[dict[str, Any]]:
 def load_profile(name_or_path: str) -> ClusterProfile:
     """Read and validate a cluster profile: a shipped name (see list_clusters) or a path to a YAML file."""
     path = _resolve(name_or_path)
-    return _validate(_read_yaml(path, fast=path.parent == data_dir(_PROFILE_DIR_NAME)), path)
+    shipped = path.parent == data_dir(_PROFILE_DIR_NAME)
+    return _validate(_read_yaml(path, fast=shipped), path, shipped)
 
 
 def load_cluster(name_or_path: str, gpus: int | None = None) -> Cluster:
@@ -113,7 +115,8 @@ def load_cluster(name_or_path: str, gpus: int | None = None) -> Cluster:
 def cluster_from_profile(profile: ClusterProfile, num_gpus: int, num_nodes: int) -> Cluster:
     """Convert a validated profile to base units; the only place file units become bytes and seconds."""
     gpu, node, net = profile.gpu, profile.node, profile.network
-    peaks = {dtype: tflops * TFLOPS for dtype, tflops in gpu.peak_tflops.model_dump().items() if tflops is not None}
+    peaks = {dtype: tflops * TFLOPS for dtype in type(gpu.peak_tflops).model_fields
+             if (tflops := getattr(gpu.peak_tflops, dtype)) is not None}
     return Cluster(
         name=profile.name,
         gpu_name=gpu.name,
@@ -209,15 +212,17 @@ def _read_yaml(path: Path, fast: bool = False) -> Any:
         raise InputFileError(f"cluster file {clip(path)} cannot be parsed; pass a cluster profile YAML") from None
 
 
-def _validate(raw: Any, path: Path) -> ClusterProfile:
-    """Validate parsed YAML against ClusterProfile; a one-line SchemaError on any violation."""
+def _validate(raw: Any, path: Path, shipped: bool = False) -> ClusterProfile:
+    """Validate parsed YAML against ClusterProfile (a shipped profile without building Pydantic's
+    validator where its data allows, autopar.schema.plain: the same object); a one-line
+    SchemaError on any violation."""
     if not isinstance(raw, dict):
         raise SchemaError(
             f"{path.name}: a cluster profile must be a mapping with keys name, description, sources, gpu, node, network; "
             f"got {type(raw).__name__}"
         )
     try:
-        return ClusterProfile.model_validate(raw)
+        return build(ClusterProfile, raw) if shipped else ClusterProfile.model_validate(raw)
     except ValidationError as err:
         raise SchemaError(_describe_errors(err, path)) from None
 
