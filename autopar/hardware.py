@@ -8,12 +8,13 @@ failure is a one-line domain error naming the fix; no pydantic or YAML exception
 from __future__ import annotations
 
 import difflib
+import hashlib
+import json
 import operator
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-import yaml
 from pydantic import BaseModel, ValidationError
 
 from autopar.data import data_dir
@@ -26,10 +27,11 @@ from autopar.units import GB, GBIT, GiB, TFLOPS, US
 
 _PROFILE_DIR_NAME = "hardware_profiles"
 _YAML_SUFFIXES = (".yaml", ".yml")
-# libyaml's parser, when PyYAML was built with it: the same data as yaml.SafeLoader, 8x faster. Used
-# for the shipped profiles (tests/test_startup.py checks they parse alike); a user's file keeps the
-# pure-Python loader, whose error messages autopar quotes.
-_FAST_SAFE_LOADER = getattr(yaml, "CSafeLoader", yaml.SafeLoader)
+# autopar/profile_catalog.json: each shipped profile's YAML parsed, keyed by file name, with the
+# SHA-256 of the text it was parsed from. A shipped profile whose text has that hash is read from
+# it, so `plan` does not import PyYAML (~20 ms, issue 15); any other text is parsed. Regenerate
+# with `python -m autopar.hardware` (tests/test_plain_schema.py fails while it is stale).
+PROFILE_CATALOG_PATH = Path(__file__).resolve().parent / "profile_catalog.json"
 _FIX_BY_FIELD = {"sources": "list the datasheet, user guide or paper each number comes from"}
 
 
@@ -189,18 +191,59 @@ def _shipped_path(name: str) -> Path:
 
 
 def _parse_yaml(text: str, fast: bool) -> Any:
+    """libyaml's parser when `fast` and PyYAML was built with it (the same data as yaml.SafeLoader,
+    8x faster: tests/test_startup.py); a user's file keeps the pure-Python loader, whose error
+    messages autopar quotes."""
+    import yaml
+
     if fast:
         try:
-            return yaml.load(text, Loader=_FAST_SAFE_LOADER)
+            return yaml.load(text, Loader=getattr(yaml, "CSafeLoader", yaml.SafeLoader))
         except yaml.YAMLError:
             pass  # the pure-Python loader words the error
     return yaml.safe_load(text)
 
 
+def _text_sha256(text: str) -> str:
+    return hashlib.sha256(text.encode("utf-8")).hexdigest()
+
+
+def _parsed_copy(path: Path, text: str) -> Any:
+    """The parse of a shipped profile's text stored in PROFILE_CATALOG_PATH, or None when that file
+    has none for exactly this text."""
+    try:
+        entry = json.loads(PROFILE_CATALOG_PATH.read_text(encoding="utf-8")).get(path.name)
+    except (OSError, ValueError, AttributeError, RecursionError):
+        return None
+    if isinstance(entry, dict) and entry.get("sha256") == _text_sha256(text):
+        return entry.get("data")
+    return None
+
+
+def parsed_profiles() -> dict[str, Any]:
+    """PROFILE_CATALOG_PATH's content for the shipped profiles as they are now."""
+    out = {}
+    for name in list_clusters():
+        path = _shipped_path(name)
+        text = read_text_file(path, "cluster file", "reinstall autopar")  # the text _read_yaml hashes
+        out[path.name] = {"sha256": _text_sha256(text), "data": _parse_yaml(text, fast=False)}
+    return out
+
+
+def write_parsed_profiles() -> Path:
+    PROFILE_CATALOG_PATH.write_text(json.dumps(parsed_profiles(), indent=1, ensure_ascii=False) + "\n",
+                                    encoding="utf-8")
+    return PROFILE_CATALOG_PATH
+
+
 def _read_yaml(path: Path, fast: bool = False) -> Any:
-    """Parse a YAML file (`fast`: with libyaml when present); InputFileError for a missing,
-    unreadable, oversized or malformed file."""
+    """Parse a YAML file (`fast`, for a shipped profile: its stored parse when current, else with
+    libyaml when present); InputFileError for a missing, unreadable, oversized or malformed file."""
     text = read_text_file(path, "cluster file", "check the path, or run `autopar clusters` for shipped names")
+    if fast and (stored := _parsed_copy(path, text)) is not None:
+        return stored
+    import yaml
+
     try:
         return _parse_yaml(text, fast)
     except yaml.YAMLError as err:
@@ -262,3 +305,7 @@ def _allowed_keys(loc: tuple[Any, ...]) -> list[str]:
         if isinstance(annotation, type) and issubclass(annotation, BaseModel):
             model = annotation
     return list(model.model_fields)
+
+
+if __name__ == "__main__":
+    print(f"wrote {write_parsed_profiles()}")

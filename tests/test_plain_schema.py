@@ -72,6 +72,28 @@ def test_presets_build_plainly_as_validated(monkeypatch):
         importlib.reload(presets)
 
 
+def test_profile_catalog_is_current():
+    """The stored parses of the shipped profiles (read instead of the YAML) are those of the files now."""
+    stored = json.loads(hardware.PROFILE_CATALOG_PATH.read_text(encoding="utf-8"))
+    assert stored == hardware.parsed_profiles(), (
+        "autopar/profile_catalog.json is stale (a shipped profile changed): run `python -m autopar.hardware` "
+        "and commit it")
+    for name in hardware.list_clusters():
+        path = hardware._shipped_path(name)
+        text = path.read_text(encoding="utf-8")
+        assert hardware._parsed_copy(path, text) == yaml.safe_load(text) is not None, name
+
+
+def test_a_changed_profile_text_is_parsed_not_read_from_the_catalog(tmp_path):
+    path = hardware._shipped_path("dgx-h100")
+    text = path.read_text(encoding="utf-8")
+    edited = text.replace("hbm_gib: 80", "hbm_gib: 94")
+    assert edited != text
+    assert hardware._parsed_copy(path, edited) is None
+    (tmp_path / "dgx-h100.yaml").write_text(edited, encoding="utf-8")
+    assert hardware._read_yaml(tmp_path / "dgx-h100.yaml", fast=True)["gpu"]["hbm_gib"] == 94
+
+
 def _errors(cls, data):
     with pytest.raises(ValidationError) as err:
         cls.model_validate(data)
@@ -130,7 +152,8 @@ BOUNDARY = ("ModelSpec", "MoESpec", "MLASpec", "RopeScaling", "ClusterProfile", 
 
 def test_plan_builds_no_boundary_schema_but_the_plans():
     """`plan --json` builds the validators of ParallelPlan and Recompute only (those its search
-    validates); the model, cluster and cost-model schemas stay unbuilt, YAML unimported."""
+    validates); the model, cluster and cost-model schemas stay unbuilt, and PyYAML unimported
+    (the shipped profile is read from autopar/profile_catalog.json)."""
     argv = ["plan", "mixtral-8x7b", "--cluster", "dgx-h100", "--gpus", "32", "--seq-len", "4096",
             "--global-batch", "64", "--top", "1", "--fix", "tp=2,pp=4,ep=4,mbs=1", "--json", "--quiet"]
     probe = (f"import sys, json\nsys.argv = ['autopar', *{argv!r}]\nimport autopar.cli\n"
@@ -145,4 +168,5 @@ def test_plan_builds_no_boundary_schema_but_the_plans():
     assert json.loads("\n".join(plan_json))["plans"]  # the plan itself came out
     result = json.loads(last)
     assert result["built"] == ["ParallelPlan", "Recompute"]
+    assert not result["yaml"]
     assert not set(result["built"]) & set(BOUNDARY)
