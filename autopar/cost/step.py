@@ -489,6 +489,22 @@ def _dp_sync_s(dense: float, expert: float, st: StepSetup, cluster: Cluster, p: 
     return step, per_microbatch
 
 
+def dp_sync_lower_bound_s(dense: float, expert: float, layout: Layout, cluster: Cluster, p: CostParams,
+                          plan: ParallelPlan) -> float:
+    """≤ the exposed data-parallel time `estimate` charges a plan whose pipeline ranks hold on
+    average `dense` and `expert` parameters (on one GPU). Only ZeRO 2's per-microbatch gradient
+    reduce-scatters are bounded (0 for the other stages): the estimate charges the busiest rank
+    m · _exposed_dp_s(x) ≥ m · x / GRAD_BUCKETS (with or without overlap), and x ≥ the linear
+    comm.reduce_scatter_floor_s of its parameters, so the mean rank's floor bounds the busiest's."""
+    if plan.zero != 2:
+        return 0.0
+    p = for_framework(p, plan.framework)
+    g = memory.main_grad_bytes(plan.framework, plan.grad_reduce_in_bf16)
+    x = (comm.reduce_scatter_floor_s(dense * g, layout.dp_span, cluster, p)
+         + comm.reduce_scatter_floor_s(expert * g, layout.edp_span, cluster, p))
+    return layout.num_microbatches * x / GRAD_BUCKETS
+
+
 def _exposed_dp_s(sync_s: float, overlap_window_s: float, plan: ParallelPlan) -> float:
     """With overlap, all but the last bucket hides behind the last microbatch's backward."""
     if not plan.overlap_grad_reduce:

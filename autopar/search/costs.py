@@ -18,6 +18,8 @@ exactly as `estimate` does).
     activations, recompute working bytes; no graph walk), ≤ memory_lower_bound_bytes (tested).
   layout_bound_s ≤ family_bound_s ≤ group_bound_s ≤ time_lower_bound_s: one table's time sum
     bounds every plan of a layout (tp, cp, ep, etp, sp), a family (+ pp, ZeRO), a micro-batch group.
+    From the family down, ZeRO 2's per-microbatch gradient reduce-scatters add their floor
+    (dp_floor_s, step.dp_sync_lower_bound_s): without it such plans look 5-10x cheaper than priced.
   states_lower_bound_bytes: the mean rank's model states, a bound for a whole family.
 
 Candidates may be search.space.Drafts (NamedTuples with ParallelPlan's own properties); a
@@ -42,6 +44,7 @@ from autopar.cost.step import (
     Estimate,
     StepMemo,
     assign_layers,
+    dp_sync_lower_bound_s,
     estimate,
     rank_chunks,
     rank_memory,
@@ -185,6 +188,7 @@ class Pricer:
         self._key_to_prefixes: dict[tuple, object] = {}  # keyed by id(table): tables live as long as the Pricer
         self._key_to_bounds: dict[tuple, tuple[np.ndarray, np.ndarray]] = {}
         self._key_to_columns: dict[tuple, tuple] = {}
+        self._key_to_floor: dict[tuple, float] = {}
         self.memo = StepMemo(graph, cluster, p)  # the estimates of this search share it
 
     def layout(self, plan: ParallelPlan) -> Layout:
@@ -214,7 +218,7 @@ class Pricer:
         hit = self._key_to_bound.get(key)
         if hit is None:
             hit = self._key_to_bound[key] = self._time_lower_bound_s(plan, split)
-        return hit
+        return hit + self.dp_floor_s(plan) if plan.zero == 2 else hit
 
     def _time_lower_bound_s(self, plan: ParallelPlan, split: tuple) -> float:
         ranks = self._rank_times(plan, split)
@@ -230,7 +234,7 @@ class Pricer:
         efficiencies saturate upward; fixed overheads and the launch floor amortize), so the
         largest micro batch gives the bound for the group."""
         per_seq = max(self._rank_times(plan)) / plan.mbs
-        return per_seq * plan.global_batch / self.layout(plan).dp
+        return per_seq * plan.global_batch / self.layout(plan).dp + self.dp_floor_s(plan)
 
     def family_bound_s(self, plan: ParallelPlan) -> float:
         """≤ group_bound_s of every plan sharing `plan`'s tp, pp, cp, ep, etp, ZeRO and sp with a
@@ -238,7 +242,24 @@ class Pricer:
         m · max_r t_r ≥ m · mean_r t_r = (B/dp) · Σ_layers t(b) / (pp · b), with recompute (≥ 0)
         left out and the largest micro batch giving the least time per sequence (group_bound_s)."""
         total = self.table(plan).time_sums["fb"]
-        return total / plan.mbs / plan.pp * plan.global_batch / self.layout(plan).dp
+        return total / plan.mbs / plan.pp * plan.global_batch / self.layout(plan).dp + self.dp_floor_s(plan)
+
+    def dp_floor_s(self, plan: ParallelPlan) -> float:
+        """≤ the exposed DP time of every plan sharing `plan`'s degrees and ZeRO stage with a micro
+        batch ≤ plan.mbs: step.dp_sync_lower_bound_s of the mean pipeline rank (the graph's
+        parameters on one GPU over pp), whatever the vpp, recompute or layer split; more
+        microbatches (a smaller micro batch) only add to it. Non-zero for ZeRO 2 only."""
+        if plan.zero != 2:
+            return 0.0
+        key = (plan.tp, plan.cp, plan.pp, plan.ep, plan.expert_tp, plan.mbs, plan.global_batch, plan.zero_shard_size,
+               plan.framework, plan.grad_reduce_in_bf16)
+        hit = self._key_to_floor.get(key)
+        if hit is None:
+            dense, expert = self.param_sums(plan)
+            floor = dp_sync_lower_bound_s(dense / plan.pp, expert / plan.pp, self.layout(plan), self.cluster, self.p,
+                                          plan)
+            hit = self._key_to_floor[key] = floor * (1.0 - 1e-9)  # rounding: stays below the estimate's sum
+        return hit
 
     def layout_bound_s(self, plan: ParallelPlan) -> float:
         """≤ family_bound_s of every plan sharing `plan`'s tp, cp, ep, etp and sp with a micro batch

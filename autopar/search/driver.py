@@ -445,8 +445,17 @@ def _variants(spec: SpaceSpec, pricer: Pricer, plan: ParallelPlan, memory_margin
         except NoFeasiblePlanError:
             return out
         lps = counts if counts != default else None
-        out.append(plan.model_copy(update={"recompute": solution.to_recompute(), "layers_per_stage": lps}))
+        recompute = _uniform_if_whole(solution.to_recompute(), counts)
+        out.append(plan.model_copy(update={"recompute": recompute, "layers_per_stage": lps}))
     return out
+
+
+def _uniform_if_whole(r: Recompute, counts: tuple[int, ...]) -> Recompute:
+    """full(K) with K at least every virtual stage's layer count recomputes every layer: the same
+    run as plain full (Megatron's --recompute-num-layers covers the whole stage), so one plan."""
+    if r.mode == RecomputeMode.FULL and r.num_layers is not None and r.num_layers >= max(counts):
+        return Recompute(mode=RecomputeMode.FULL, modules=r.modules)
+    return r
 
 
 def _score_refined(spec: SpaceSpec, pricer: Pricer, walk: _Walk, plan: ParallelPlan, memory_margin: float) -> None:
@@ -463,7 +472,11 @@ def _score_refined(spec: SpaceSpec, pricer: Pricer, walk: _Walk, plan: ParallelP
         r = plan.recompute
         if r.mode != RecomputeMode.FULL or r.num_layers is None or r.num_layers >= max_k:
             return
-        plan = plan.model_copy(update={"recompute": r.model_copy(update={"num_layers": r.num_layers + 1})})
+        counts = pricer.layout(plan).stage_counts
+        plan = plan.model_copy(update={"recompute": _uniform_if_whole(r.model_copy(update={"num_layers": r.num_layers + 1}),
+                                                                      counts)})
+        if plan_key(plan) in walk.seen:
+            return
 
 
 def _nothing_fits_message(spec: SpaceSpec, pricer: Pricer, walk: _Walk, memory_margin: float) -> str:
