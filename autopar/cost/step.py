@@ -491,18 +491,26 @@ def _dp_sync_s(dense: float, expert: float, st: StepSetup, cluster: Cluster, p: 
 
 def dp_sync_lower_bound_s(dense: float, expert: float, layout: Layout, cluster: Cluster, p: CostParams,
                           plan: ParallelPlan) -> float:
-    """≤ the exposed data-parallel time `estimate` charges a plan whose pipeline ranks hold on
-    average `dense` and `expert` parameters (on one GPU). Only ZeRO 2's per-microbatch gradient
-    reduce-scatters are bounded (0 for the other stages): the estimate charges the busiest rank
-    m · _exposed_dp_s(x) ≥ m · x / GRAD_BUCKETS (with or without overlap), and x ≥ the linear
-    comm.reduce_scatter_floor_s of its parameters, so the mean rank's floor bounds the busiest's."""
+    """F, a floor of ZeRO 2's per-microbatch gradient reduce-scatters over the step, for a plan
+    whose pipeline ranks hold on average `dense` and `expert` parameters (on one GPU): m · x with
+    x the linear comm.reduce_scatter_floor_s of those parameters (so x ≤ the mean rank's sync,
+    ≤ the busiest's). 0 for the other ZeRO stages. See with_dp_floor_s for how it bounds a step."""
     if plan.zero != 2:
         return 0.0
     p = for_framework(p, plan.framework)
     g = memory.main_grad_bytes(plan.framework, plan.grad_reduce_in_bf16)
     x = (comm.reduce_scatter_floor_s(dense * g, layout.dp_span, cluster, p)
          + comm.reduce_scatter_floor_s(expert * g, layout.edp_span, cluster, p))
-    return layout.num_microbatches * x / GRAD_BUCKETS
+    return layout.num_microbatches * x
+
+
+def with_dp_floor_s(pipeline_s: float, floor_s: float) -> float:
+    """A step-time bound from a bound on the pipeline part and F = dp_sync_lower_bound_s. The
+    estimate charges rank r's per-microbatch sync x_r as m · _exposed_dp_s(x_r, b_r) ≥
+    m · max(x_r / GRAD_BUCKETS, x_r − b_r) on top of a pipeline ≥ m · (f_r + b_r); so the step is
+    ≥ pipeline + F / GRAD_BUCKETS and ≥ m · (f_r + x_r) ≥ F (the backward it hides behind is
+    itself on the step)."""
+    return max(pipeline_s + floor_s / GRAD_BUCKETS, floor_s)
 
 
 def _exposed_dp_s(sync_s: float, overlap_window_s: float, plan: ParallelPlan) -> float:

@@ -17,7 +17,9 @@ exactly as `estimate` does).
   rank_memory_lower_bound_bytes: the same two ranks from the tables (states, in-flight saved
     activations, recompute working bytes; no graph walk), ≤ memory_lower_bound_bytes (tested).
   layout_bound_s ≤ family_bound_s ≤ group_bound_s ≤ time_lower_bound_s: one table's time sum
-    bounds every plan of a layout (tp, cp, ep, etp, sp), a family (+ pp, ZeRO), a micro-batch group.
+    bounds every plan of a layout (tp, cp, ep, etp, sp); a family (+ pp, ZeRO) and a micro-batch
+    group are bounded by the slowest rank's time per sequence at their largest micro batch; a
+    plan below a group starts with a provisional bound from the group's table (member_bound_s).
     From the family down, ZeRO 2's per-microbatch gradient reduce-scatters add their floor
     (dp_floor_s, step.dp_sync_lower_bound_s): without it such plans look 5-10x cheaper than priced.
   states_lower_bound_bytes: the mean rank's model states, a bound for a whole family.
@@ -45,6 +47,7 @@ from autopar.cost.step import (
     StepMemo,
     assign_layers,
     dp_sync_lower_bound_s,
+    with_dp_floor_s,
     estimate,
     rank_chunks,
     rank_memory,
@@ -59,6 +62,12 @@ from autopar.schema.plan import ParallelPlan, Recompute, RecomputeMode
 from autopar.search.space import as_plan
 
 MODES = tuple(RecomputeMode)
+NO_RECOMPUTE = Recompute(mode=RecomputeMode.NONE)
+
+
+def _with(plan, **fields):
+    """`plan` with `fields` replaced: a search.space.Draft (NamedTuple) or a ParallelPlan."""
+    return plan._replace(**fields) if hasattr(plan, "_replace") else plan.model_copy(update=fields)
 
 
 @dataclass(frozen=True)
@@ -218,7 +227,7 @@ class Pricer:
         hit = self._key_to_bound.get(key)
         if hit is None:
             hit = self._key_to_bound[key] = self._time_lower_bound_s(plan, split)
-        return hit + self.dp_floor_s(plan) if plan.zero == 2 else hit
+        return with_dp_floor_s(hit, self.dp_floor_s(plan)) if plan.zero == 2 else hit
 
     def _time_lower_bound_s(self, plan: ParallelPlan, split: tuple) -> float:
         ranks = self._rank_times(plan, split)
@@ -234,21 +243,31 @@ class Pricer:
         efficiencies saturate upward; fixed overheads and the launch floor amortize), so the
         largest micro batch gives the bound for the group."""
         per_seq = max(self._rank_times(plan)) / plan.mbs
-        return per_seq * plan.global_batch / self.layout(plan).dp + self.dp_floor_s(plan)
+        return with_dp_floor_s(per_seq * plan.global_batch / self.layout(plan).dp, self.dp_floor_s(plan))
 
-    def family_bound_s(self, plan: ParallelPlan) -> float:
-        """≤ group_bound_s of every plan sharing `plan`'s tp, pp, cp, ep, etp, ZeRO and sp with a
-        micro batch ≤ plan.mbs, whatever its vpp, recompute or layer split: the steady state
-        m · max_r t_r ≥ m · mean_r t_r = (B/dp) · Σ_layers t(b) / (pp · b), with recompute (≥ 0)
-        left out and the largest micro batch giving the least time per sequence (group_bound_s)."""
-        total = self.table(plan).time_sums["fb"]
-        return total / plan.mbs / plan.pp * plan.global_batch / self.layout(plan).dp + self.dp_floor_s(plan)
+    def member_bound_s(self, plan: ParallelPlan, largest: ParallelPlan) -> float:
+        """≤ time_lower_bound_s(plan) for a plan that differs from `largest` only by a smaller micro
+        batch, from `largest`'s table alone: its ranks' times scaled by plan.mbs / largest.mbs (time
+        per sequence never rises with the micro batch, as in group_bound_s) in the same closed form
+        with the plan's microbatch count and no p2p, plus the plan's DP floor. The walk builds a
+        plan's own table (time_lower_bound_s) only when this provisional bound is reached."""
+        scale = plan.mbs / largest.mbs
+        ranks = [t * scale for t in self._rank_times(largest)]
+        pipe, _ = pipeline_step_s(ranks, [0.0] * len(ranks), self.layout(plan).num_microbatches, plan.vpp, 0.0)
+        return with_dp_floor_s(pipe, self.dp_floor_s(plan)) * (1.0 - 1e-12)  # rounding: below the exact bound
+
+    def family_bound_s(self, plan: ParallelPlan, vpps) -> float:
+        """≤ group_bound_s of every plan sharing `plan`'s tp, pp, cp, ep, etp, ZeRO and sp with a vpp
+        in `vpps` and a micro batch ≤ plan.mbs, whatever its recompute or layer split: the least
+        over the vpps of group_bound_s without recompute (recompute only adds time, and the largest
+        micro batch has the least time per sequence). All from the table of plan's micro batch."""
+        return min(self.group_bound_s(_with(plan, vpp=v, recompute=NO_RECOMPUTE)) for v in vpps)
 
     def dp_floor_s(self, plan: ParallelPlan) -> float:
-        """≤ the exposed DP time of every plan sharing `plan`'s degrees and ZeRO stage with a micro
-        batch ≤ plan.mbs: step.dp_sync_lower_bound_s of the mean pipeline rank (the graph's
-        parameters on one GPU over pp), whatever the vpp, recompute or layer split; more
-        microbatches (a smaller micro batch) only add to it. Non-zero for ZeRO 2 only."""
+        """F of step.dp_sync_lower_bound_s (bounds combine with it by step.with_dp_floor_s) for every
+        plan sharing `plan`'s degrees and ZeRO stage with a micro batch ≤ plan.mbs: the mean pipeline
+        rank's (the graph's parameters on one GPU over pp), whatever the vpp, recompute or layer
+        split; more microbatches (a smaller micro batch) only add to it. Non-zero for ZeRO 2 only."""
         if plan.zero != 2:
             return 0.0
         key = (plan.tp, plan.cp, plan.pp, plan.ep, plan.expert_tp, plan.mbs, plan.global_batch, plan.zero_shard_size,

@@ -53,6 +53,9 @@ from autopar.units import GiB
 Progress = Callable[[str, int, int], None]  # (phase, done, total); phases: score, refine
 REFINE_POOL = 16  # candidates (at least `top`) handed to the DP and the ILP
 _MODE_ORDER = {RecomputeMode.NONE: 0, RecomputeMode.SELECTIVE: 1, RecomputeMode.FULL: 2}
+# Heap levels, each entry (bound, level, key, item). A provisional bound (from a table already
+# built) is ≤ the exact one; popped, the entry comes back with its exact bound one level down.
+LAYOUT, FAMILY, GROUP, PLAN_PROVISIONAL, PLAN = range(5)
 
 
 @dataclass
@@ -239,11 +242,11 @@ def _branch_and_bound(bases: list, pricer: Pricer, walk: _Walk, memory_margin: f
     layouts, total = _nest(bases, pricer)
     for lkey, families in layouts.items():
         largest = max((largest for _, largest in families.values()), key=lambda x: x[0].mbs)
-        heap.append((pricer.layout_bound_s(_largest_mbs(largest)), 0, lkey, families))
+        heap.append((pricer.layout_bound_s(_largest_mbs(largest)), LAYOUT, lkey, families))
     heapq.heapify(heap)
     while heap and heap[0][0] <= walk.kth_s:
         entry = heapq.heappop(heap)
-        if entry[1] < 3:
+        if entry[1] < PLAN:
             _expand(heap, entry, pricer, walk)
             continue
         bound, _, key, draft = entry
@@ -259,20 +262,28 @@ def _branch_and_bound(bases: list, pricer: Pricer, walk: _Walk, memory_margin: f
 
 
 def _expand(heap: list, entry: tuple, pricer: Pricer, walk: _Walk) -> None:
-    """Push the children of a popped layout (0), family (1) or group (2) with their bounds."""
-    _, level, _, item = entry
-    if level == 0:
+    """Push the children of a popped layout (0), family (1) or group (2) with their bounds, or a
+    plan's exact bound in place of its provisional one (3: Pricer.member_bound_s ≤ the exact
+    time_lower_bound_s, so the plans still reach _visit in the order of their exact bounds)."""
+    _, level, key, item = entry
+    if level == LAYOUT:
         for fkey, family in item.items():
             _push_family(heap, fkey, family, pricer, walk)
-    elif level == 1:
+    elif level == FAMILY:
         for gkey, members in _groups(item).items():
             if len(members) == 1:
-                heapq.heappush(heap, (pricer.time_lower_bound_s(members[0]), 3, plan_key(members[0]), members[0]))
+                heapq.heappush(heap, (pricer.time_lower_bound_s(members[0]), PLAN, plan_key(members[0]), members[0]))
             else:
-                heapq.heappush(heap, (pricer.group_bound_s(max(members, key=lambda x: x.mbs)), 2, gkey, members))
-    else:
+                heapq.heappush(heap, (pricer.group_bound_s(max(members, key=lambda x: x.mbs)), GROUP, gkey, members))
+    elif level == GROUP:
+        largest = max(item, key=lambda x: x.mbs)
         for plan in item:
-            heapq.heappush(heap, (pricer.time_lower_bound_s(plan), 3, plan_key(plan), plan))
+            if plan is largest:
+                heapq.heappush(heap, (pricer.time_lower_bound_s(plan), PLAN, plan_key(plan), plan))
+            else:
+                heapq.heappush(heap, (pricer.member_bound_s(plan, largest), PLAN_PROVISIONAL, plan_key(plan), plan))
+    else:
+        heapq.heappush(heap, (pricer.time_lower_bound_s(item), PLAN, key, item))
 
 
 def _price_equivalents(heap: list, pricer: Pricer, walk: _Walk, memory_margin: float) -> None:
@@ -291,7 +302,7 @@ def _price_equivalents(heap: list, pricer: Pricer, walk: _Walk, memory_margin: f
             fam_to_pending.setdefault(family(draft), []).append((simplicity_key(draft), bound, key, draft))
     while heap and heap[0][0] <= edge:
         entry = heapq.heappop(heap)
-        if entry[1] < 3:
+        if entry[1] < PLAN:
             _expand(heap, entry, pricer, walk)
         else:
             bound, _, key, draft = entry
@@ -318,7 +329,8 @@ def _push_family(heap: list, fkey: tuple, family: tuple[dict, list], pricer: Pri
         walk.pruned_memory_early += len(members)
         walk.shortfalls.extend((low - walk.capacity_bytes, plan, False) for plan in members)
         return
-    heapq.heappush(heap, (pricer.family_bound_s(_largest_mbs(largest)), 1, fkey, prefixes))
+    plan = _largest_mbs(largest)
+    heapq.heappush(heap, (pricer.family_bound_s(plan, [prefix[-1] for prefix in prefixes]), FAMILY, fkey, prefixes))
 
 
 def _largest_mbs(largest: list) -> object:
