@@ -118,19 +118,37 @@ def _gemm_module(name: str) -> str:
     return next((mod for prefix, mod in _GEMM_MODULE.items() if name.startswith(prefix)), "")
 
 
-def _compute(layer: Layer, s: Split, cluster: Cluster, p: CostParams) -> tuple[float, float, dict[str, float]]:
-    """Forward and backward compute seconds, and forward seconds by recompute module."""
+def gemm_pass_times_s(m: float, n: float, k: float, count: float, operand_bytes: float, peak_flops: float,
+                      hbm_bytes_per_s: float, p: CostParams) -> tuple[float, float]:
+    """(forward, dgrad + wgrad) seconds of `count` GEMMs of shape (m, n, k), each pass at the
+    roofline of its own HBM bytes (compute.gemm_pass_bytes)."""
+    fwd_b, dgrad_b, wgrad_b = gemm_pass_bytes(m, n, k, operand_bytes)
+    return (gemm_time_s(m, n, k, peak_flops, p, count, fwd_b, hbm_bytes_per_s),
+            gemm_time_s(m, n, k, peak_flops, p, count, dgrad_b, hbm_bytes_per_s)
+            + gemm_time_s(m, n, k, peak_flops, p, count, wgrad_b, hbm_bytes_per_s))
+
+
+def _compute(layer: Layer, s: Split, cluster: Cluster, p: CostParams,
+             gemm_memo: dict | None = None) -> tuple[float, float, dict[str, float]]:
+    """Forward and backward compute seconds, and forward seconds by recompute module. `gemm_memo`:
+    a dict kept by the caller for one (cluster, p), holding gemm_pass_times_s by its arguments
+    (a search prices the same attention GEMMs under many expert layouts)."""
     module_s: dict[str, float] = {}
     gemm_fwd = gemm_bwd = 0.0
     operand_bytes = 1.0 if s.attn_peak_flops and s.peak_flops > s.attn_peak_flops else float(BF16_BYTES)  # fp8 GEMMs
     hbm = cluster.hbm_bytes_per_s
     for g in layer.gemms:
         m, n, k, count = _gemm_shape(g, s)
-        fwd_b, dgrad_b, wgrad_b = gemm_pass_bytes(m, n, k, operand_bytes)
-        t = gemm_time_s(m, n, k, s.peak_flops, p, count, fwd_b, hbm)
+        if gemm_memo is None:
+            t, t_bwd = gemm_pass_times_s(m, n, k, count, operand_bytes, s.peak_flops, hbm, p)
+        else:
+            key = (m, n, k, count, operand_bytes, s.peak_flops)
+            hit = gemm_memo.get(key)
+            if hit is None:
+                hit = gemm_memo[key] = gemm_pass_times_s(m, n, k, count, operand_bytes, s.peak_flops, hbm, p)
+            t, t_bwd = hit
         gemm_fwd += t
-        gemm_bwd += (gemm_time_s(m, n, k, s.peak_flops, p, count, dgrad_b, hbm)
-                     + gemm_time_s(m, n, k, s.peak_flops, p, count, wgrad_b, hbm))
+        gemm_bwd += t_bwd
         mod = _gemm_module(g.name)
         if mod:
             module_s[mod] = module_s.get(mod, 0.0) + t
@@ -348,8 +366,9 @@ def _ep_comm(layer: Layer, s: Split, spans: Spans, cluster: Cluster, p: CostPara
     return t
 
 
-def layer_cost(layer: Layer, s: Split, spans: Spans, cluster: Cluster, p: CostParams, tp_overlap: bool) -> LayerCost:
-    fwd, bwd, module_s = _compute(layer, s, cluster, p)
+def layer_cost(layer: Layer, s: Split, spans: Spans, cluster: Cluster, p: CostParams, tp_overlap: bool,
+               gemm_memo: dict | None = None) -> LayerCost:
+    fwd, bwd, module_s = _compute(layer, s, cluster, p, gemm_memo)
     tp = _tp_comm(layer, s, spans, cluster, p, tp_overlap)
     if s.cp == 1 or not layer.num_heads:
         cp = cp_bwd = 0.0

@@ -198,6 +198,7 @@ class StepMemo:
         self._key_to_costs: dict[tuple, tuple[int, dict[str, LayerCost]]] = {}
         self._key_to_stage: dict[tuple, object] = {}
         self._key_to_flops: dict[tuple, float] = {}
+        self._id_to_gemm_memo: dict[int, tuple[CostParams, dict]] = {}
         self._last_fields: tuple | None = None
 
     def bound_to(self, graph: ModelGraph, cluster: Cluster, p: CostParams) -> bool:
@@ -267,8 +268,18 @@ class StepMemo:
         key = (st.split, st.spans, plan.tp_comm_overlap, plan.framework)
         hit = self._key_to_costs.get(key) if self.reuse else None
         if hit is None:  # the key stands in later keys as a small number (hashing a Split is not free)
-            hit = self._key_to_costs[key] = (len(self._key_to_costs), layer_costs(stages, st, self.cluster, p, plan))
+            gemms = self._gemm_memo(p) if self.reuse else None
+            hit = self._key_to_costs[key] = (len(self._key_to_costs), layer_costs(stages, st, self.cluster, p, plan,
+                                                                                  gemms))
         return hit
+
+    def _gemm_memo(self, p: CostParams) -> dict:
+        """The GEMM-time dict of one cost-model view (for_framework gives one per framework; the
+        view is held so that its id stays its own)."""
+        hit = self._id_to_gemm_memo.get(id(p))
+        if hit is None or hit[0] is not p:
+            hit = self._id_to_gemm_memo[id(p)] = (p, {})
+        return hit[1]
 
     def stage(self, kind: str, key: tuple, compute):
         """`compute()` once per (kind, key)."""
@@ -295,14 +306,15 @@ STAGE_BLIND = frozenset({"pp", "vpp", "layers_per_stage", "global_batch", "zero"
 
 
 def layer_costs(stages: list[list[Layer]], st: StepSetup, cluster: Cluster, p: CostParams,
-                 plan: ParallelPlan) -> dict[str, LayerCost]:
-    """Cost of each distinct layer (all dense decoders are alike, all MoE decoders are alike)."""
+                 plan: ParallelPlan, gemm_memo: dict | None = None) -> dict[str, LayerCost]:
+    """Cost of each distinct layer (all dense decoders are alike, all MoE decoders are alike).
+    `gemm_memo`: GEMM times kept across splits for this (cluster, p) (layer.gemm_pass_times_s)."""
     out: dict[str, LayerCost] = {}
     for stage in stages:
         for layer in stage:
             key = _layer_key(layer)
             if key not in out:
-                out[key] = layer_cost(layer, st.split, st.spans, cluster, p, plan.tp_comm_overlap)
+                out[key] = layer_cost(layer, st.split, st.spans, cluster, p, plan.tp_comm_overlap, gemm_memo)
     return out
 
 
