@@ -19,7 +19,7 @@ exactly as `estimate` does).
   layout_bound_s ≤ family_bound_s ≤ group_bound_s ≤ time_lower_bound_s: one table's time sum
     bounds every plan of a layout (tp, cp, ep, etp, sp); a family (+ pp, ZeRO) and a micro-batch
     group are bounded by the slowest rank's time per sequence at their largest micro batch; a
-    plan below a group starts with a provisional bound from the group's table (member_bound_s).
+    plan below a group starts with a provisional bound from the group's table (member_bounds_s).
     From the family down, ZeRO 2's per-microbatch gradient reduce-scatters add their floor
     (dp_floor_s, step.dp_sync_lower_bound_s): without it such plans look 5-10x cheaper than priced.
   states_lower_bound_bytes: the mean rank's model states, a bound for a whole family.
@@ -245,16 +245,23 @@ class Pricer:
         per_seq = max(self._rank_times(plan)) / plan.mbs
         return with_dp_floor_s(per_seq * plan.global_batch / self.layout(plan).dp, self.dp_floor_s(plan))
 
-    def member_bound_s(self, plan: ParallelPlan, largest: ParallelPlan) -> float:
-        """≤ time_lower_bound_s(plan) for a plan that differs from `largest` only by a smaller micro
-        batch, from `largest`'s table alone: its ranks' times scaled by plan.mbs / largest.mbs (time
-        per sequence never rises with the micro batch, as in group_bound_s) in the same closed form
-        with the plan's microbatch count and no p2p, plus the plan's DP floor. The walk builds a
-        plan's own table (time_lower_bound_s) only when this provisional bound is reached."""
-        scale = plan.mbs / largest.mbs
-        ranks = [t * scale for t in self._rank_times(largest)]
-        pipe, _ = pipeline_step_s(ranks, [0.0] * len(ranks), self.layout(plan).num_microbatches, plan.vpp, 0.0)
-        return with_dp_floor_s(pipe, self.dp_floor_s(plan)) * (1.0 - 1e-12)  # rounding: below the exact bound
+    def member_bounds_s(self, members: list, largest: ParallelPlan) -> list[float]:
+        """≤ time_lower_bound_s of each plan in `members`, plans that differ from `largest` only by a
+        smaller micro batch, from `largest`'s table alone: its ranks' times scaled by
+        mbs / largest.mbs (time per sequence never rises with the micro batch, as in
+        group_bound_s) in the same closed form with each plan's microbatch count and no p2p, plus
+        its DP floor. The walk builds a plan's own table (time_lower_bound_s) only when this
+        provisional bound is reached."""
+        ranks = self._rank_times(largest)
+        dp = self.layout(largest).dp
+        zeros = [0.0] * len(ranks)
+        out = []
+        for plan in members:
+            scale = plan.mbs / largest.mbs
+            m = plan.global_batch // (dp * plan.mbs)  # = the plan's Layout.num_microbatches
+            pipe, _ = pipeline_step_s([t * scale for t in ranks], zeros, m, plan.vpp, 0.0)
+            out.append(with_dp_floor_s(pipe, self.dp_floor_s(plan)) * (1.0 - 1e-12))  # rounding: below the exact
+        return out
 
     def family_bound_s(self, plan: ParallelPlan, vpps) -> float:
         """≤ group_bound_s of every plan sharing `plan`'s tp, pp, cp, ep, etp, ZeRO and sp with a vpp

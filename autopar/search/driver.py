@@ -263,7 +263,7 @@ def _branch_and_bound(bases: list, pricer: Pricer, walk: _Walk, memory_margin: f
 
 def _expand(heap: list, entry: tuple, pricer: Pricer, walk: _Walk) -> None:
     """Push the children of a popped layout (0), family (1) or group (2) with their bounds, or a
-    plan's exact bound in place of its provisional one (3: Pricer.member_bound_s ≤ the exact
+    plan's exact bound in place of its provisional one (Pricer.member_bounds_s ≤ the exact
     time_lower_bound_s, so the plans still reach _visit in the order of their exact bounds)."""
     _, level, key, item = entry
     if level == LAYOUT:
@@ -277,11 +277,10 @@ def _expand(heap: list, entry: tuple, pricer: Pricer, walk: _Walk) -> None:
                 heapq.heappush(heap, (pricer.group_bound_s(max(members, key=lambda x: x.mbs)), GROUP, gkey, members))
     elif level == GROUP:
         largest = max(item, key=lambda x: x.mbs)
-        for plan in item:
-            if plan is largest:
-                heapq.heappush(heap, (pricer.time_lower_bound_s(plan), PLAN, plan_key(plan), plan))
-            else:
-                heapq.heappush(heap, (pricer.member_bound_s(plan, largest), PLAN_PROVISIONAL, plan_key(plan), plan))
+        heapq.heappush(heap, (pricer.time_lower_bound_s(largest), PLAN, plan_key(largest), largest))
+        others = [plan for plan in item if plan is not largest]
+        for plan, bound in zip(others, pricer.member_bounds_s(others, largest)):
+            heapq.heappush(heap, (bound, PLAN_PROVISIONAL, plan_key(plan), plan))
     else:
         heapq.heappush(heap, (pricer.time_lower_bound_s(item), PLAN, key, item))
 
