@@ -203,6 +203,17 @@ def test_nested_bounds_hold_for_every_member_with_the_zero2_floor(seed):
         assert pricer.time_lower_bound_s(x) <= step_s
         floors += x.zero == 2 and x.dp_for(cluster.num_gpus) > 1 and pricer.dp_floor_s(x) > 0
     assert floors > 0
+    groups: dict[tuple, list] = {}
+    for x in plans:
+        groups.setdefault((x.tp, x.cp, x.ep, x.expert_tp, x.sequence_parallel, x.pp, x.zero, x.vpp, x.recompute), []).append(x)
+    provisional = 0
+    for members in list(groups.values())[::2]:  # provisional member bounds ≤ each member's exact bound
+        largest = max(members, key=lambda x: x.mbs)
+        others = [x for x in members if x is not largest]
+        for x, bound in zip(others, pricer.member_bounds_s(others, largest)):
+            assert bound <= pricer.time_lower_bound_s(x)
+            provisional += 1
+    assert provisional > 0
 
 
 def test_zero2_floor_by_hand_and_below_the_charged_dp_time():
