@@ -12,7 +12,7 @@ elementwise × 2.
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 
 from autopar.cost import comm
 from autopar.cost.compute import attention_time_s, gemm_pass_bytes, gemm_time_s, memory_bound_time_s
@@ -364,6 +364,18 @@ def _ep_comm(layer: Layer, s: Split, spans: Spans, cluster: Cluster, p: CostPara
         t += comm.all_gather_s(routed_bytes * s.etp, spans.etp, cluster, p)
         t += comm.reduce_scatter_s(routed_bytes * s.etp, spans.etp, cluster, p)
     return t
+
+
+_NO_GROUP = comm.GroupSpan(1, 1, 1)
+
+
+def expert_blind(s: Split, spans: Spans) -> tuple[Split, Spans]:
+    """The split and spans with expert parallelism reset (ep, etp, the MoE load, the dispatcher,
+    their groups): no term of a layer without experts reads them (tests/test_search_speed.py
+    checks equal costs on every split), so a search prices such a layer once for all its
+    expert layouts (autopar.cost.step.StepMemo)."""
+    return (replace(s, ep=1, etp=1, moe_load=1.0, moe_dispatcher="alltoall"),
+            Spans(spans.tp, spans.cp, _NO_GROUP, _NO_GROUP))
 
 
 def layer_cost(layer: Layer, s: Split, spans: Spans, cluster: Cluster, p: CostParams, tp_overlap: bool,

@@ -16,7 +16,7 @@ from dataclasses import dataclass, field
 from autopar.choices import DEFAULT_MEMORY_MARGIN  # noqa: F401 (the one margin; re-exported for its users)
 from autopar.cost import comm, fsdp, memory
 from autopar.cost.compute import memory_bound_time_s
-from autopar.cost.layer import BF16_BYTES, LayerCost, Spans, Split, layer_cost
+from autopar.cost.layer import BF16_BYTES, LayerCost, Spans, Split, expert_blind, layer_cost
 from autopar.cost.frameworks import framework_profile, gpu_arch
 from autopar.cost.layout import Layout, stage_layer_counts  # noqa: F401 (stage_layer_counts re-exported)
 from autopar.cost.params import CostParams, for_framework
@@ -198,7 +198,7 @@ class StepMemo:
         self._key_to_costs: dict[tuple, tuple[int, dict[str, LayerCost]]] = {}
         self._key_to_stage: dict[tuple, object] = {}
         self._key_to_flops: dict[tuple, float] = {}
-        self._id_to_gemm_memo: dict[int, tuple[CostParams, dict]] = {}
+        self._id_to_layer_memos: dict[int, tuple[CostParams, tuple[dict, dict]]] = {}
         self._last_fields: tuple | None = None
 
     def bound_to(self, graph: ModelGraph, cluster: Cluster, p: CostParams) -> bool:
@@ -268,17 +268,17 @@ class StepMemo:
         key = (st.split, st.spans, plan.tp_comm_overlap, plan.framework)
         hit = self._key_to_costs.get(key) if self.reuse else None
         if hit is None:  # the key stands in later keys as a small number (hashing a Split is not free)
-            gemms = self._gemm_memo(p) if self.reuse else None
+            memos = self._layer_memos(p) if self.reuse else None
             hit = self._key_to_costs[key] = (len(self._key_to_costs), layer_costs(stages, st, self.cluster, p, plan,
-                                                                                  gemms))
+                                                                                  memos))
         return hit
 
-    def _gemm_memo(self, p: CostParams) -> dict:
-        """The GEMM-time dict of one cost-model view (for_framework gives one per framework; the
-        view is held so that its id stays its own)."""
-        hit = self._id_to_gemm_memo.get(id(p))
+    def _layer_memos(self, p: CostParams) -> tuple[dict, dict]:
+        """The (GEMM times, expert-blind layer costs) dicts of one cost-model view (for_framework
+        gives one per framework; the view is held so that its id stays its own)."""
+        hit = self._id_to_layer_memos.get(id(p))
         if hit is None or hit[0] is not p:
-            hit = self._id_to_gemm_memo[id(p)] = (p, {})
+            hit = self._id_to_layer_memos[id(p)] = (p, ({}, {}))
         return hit[1]
 
     def stage(self, kind: str, key: tuple, compute):
@@ -306,15 +306,26 @@ STAGE_BLIND = frozenset({"pp", "vpp", "layers_per_stage", "global_batch", "zero"
 
 
 def layer_costs(stages: list[list[Layer]], st: StepSetup, cluster: Cluster, p: CostParams,
-                 plan: ParallelPlan, gemm_memo: dict | None = None) -> dict[str, LayerCost]:
+                 plan: ParallelPlan, memos: tuple[dict, dict] | None = None) -> dict[str, LayerCost]:
     """Cost of each distinct layer (all dense decoders are alike, all MoE decoders are alike).
-    `gemm_memo`: GEMM times kept across splits for this (cluster, p) (layer.gemm_pass_times_s)."""
+    `memos`: (GEMM times, costs of layers without experts) kept across splits for this graph,
+    cluster and p (layer.gemm_pass_times_s; layer.expert_blind: one cost per expert layout)."""
     out: dict[str, LayerCost] = {}
+    gemm_memo, blind_memo = memos or (None, None)
     for stage in stages:
         for layer in stage:
             key = _layer_key(layer)
-            if key not in out:
+            if key in out:
+                continue
+            if blind_memo is None or layer.num_experts:
                 out[key] = layer_cost(layer, st.split, st.spans, cluster, p, plan.tp_comm_overlap, gemm_memo)
+                continue
+            split, spans = expert_blind(st.split, st.spans)
+            hit = blind_memo.get((key, split, spans, plan.tp_comm_overlap))
+            if hit is None:
+                hit = blind_memo[key, split, spans, plan.tp_comm_overlap] = layer_cost(
+                    layer, split, spans, cluster, p, plan.tp_comm_overlap, gemm_memo)
+            out[key] = hit
     return out
 
 
