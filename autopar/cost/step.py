@@ -518,13 +518,18 @@ def dp_sync_lower_bound_s(dense: float, expert: float, layout: Layout, cluster: 
     whose pipeline ranks hold on average `dense` and `expert` parameters (on one GPU): m · x with
     x the linear comm.reduce_scatter_floor_s of those parameters (so x ≤ the mean rank's sync,
     ≤ the busiest's). 0 for the other ZeRO stages. See with_dp_floor_s for how it bounds a step."""
+    return layout.num_microbatches * dp_sync_floor_per_microbatch_s(dense, expert, layout, cluster, p, plan)
+
+
+def dp_sync_floor_per_microbatch_s(dense: float, expert: float, layout: Layout, cluster: Cluster, p: CostParams,
+                                   plan: ParallelPlan) -> float:
+    """x of dp_sync_lower_bound_s: one microbatch's share (the same for every micro batch size)."""
     if plan.zero != 2:
         return 0.0
     p = for_framework(p, plan.framework)
     g = memory.main_grad_bytes(plan.framework, plan.grad_reduce_in_bf16)
-    x = (comm.reduce_scatter_floor_s(dense * g, layout.dp_span, cluster, p)
-         + comm.reduce_scatter_floor_s(expert * g, layout.edp_span, cluster, p))
-    return layout.num_microbatches * x
+    return (comm.reduce_scatter_floor_s(dense * g, layout.dp_span, cluster, p)
+            + comm.reduce_scatter_floor_s(expert * g, layout.edp_span, cluster, p))
 
 
 def with_dp_floor_s(pipeline_s: float, floor_s: float) -> float:
