@@ -393,24 +393,33 @@ def stage_params(stage: list[Layer], plan: ParallelPlan, tied_copy: bool, embedd
     return dense, expert, largest
 
 
-def stage_activation_bytes(stage: list[Layer], plan: ParallelPlan, tokens: float) -> tuple[float, float]:
-    """(saved bytes for one microbatch, working bytes of the largest recomputed layer)."""
+def stage_activation_bytes(stage: list[Layer], plan: ParallelPlan, tokens: float,
+                           classes: tuple[int, ...] | None = None) -> tuple[float, float]:
+    """(saved bytes for one microbatch, working bytes of the largest recomputed layer). `classes`:
+    the stage's layer classes (StepMemo.signature), so that alike layers are sized once."""
     saved = work = 0.0
     position = 0
     sp = plan.sequence_parallel
     fw = framework_profile(plan.framework, plan.framework_release)
     fp8 = plan.precision == "fp8" and fw.fp8_one_byte_saved_inputs
-    for layer in stage:
+    sized: dict[tuple, tuple[float, float]] = {}
+    for i, layer in enumerate(stage):
         mode = RecomputeMode.NONE
         if layer.kind in ("dense", "moe"):
             mode = _recompute_mode(plan, position)
             position += 1
-        kept = memory.saved_activation_bytes(layer, tokens, plan.seq_len, plan.tp, sp, mode, plan.recompute.modules,
-                                             fp8, fw.selective_policy, plan.expert_tp)
+        hit = sized.get((classes[i], mode)) if classes is not None else None
+        if hit is None:
+            kept = memory.saved_activation_bytes(layer, tokens, plan.seq_len, plan.tp, sp, mode,
+                                                 plan.recompute.modules, fp8, fw.selective_policy, plan.expert_tp)
+            full = kept if mode == RecomputeMode.NONE else memory.saved_activation_bytes(
+                layer, tokens, plan.seq_len, plan.tp, sp, RecomputeMode.NONE, fp8=fp8, etp=plan.expert_tp)
+            hit = (kept, full)
+            if classes is not None:
+                sized[classes[i], mode] = hit
+        kept, full = hit
         saved += kept
         if mode != RecomputeMode.NONE:
-            full = memory.saved_activation_bytes(layer, tokens, plan.seq_len, plan.tp, sp, RecomputeMode.NONE, fp8=fp8,
-                                                 etp=plan.expert_tp)
             work = max(work, full - kept)
         if layer.kind == "head":
             vocab = next(g.n for g in layer.gemms if g.split == "vocab")
@@ -435,7 +444,7 @@ def _rank_contents(chunks: list[list[Layer]], graph: ModelGraph, plan: ParallelP
             sig = memo.signature(chunk)
             d, e, big = memo.stage("params", (sig, tied, *fields),
                                    lambda: stage_params(chunk, plan, tied, graph.layers[0]))
-            s, w = memo.stage("acts", (sig, tokens, *fields), lambda: stage_activation_bytes(chunk, plan, tokens))
+            s, w = memo.stage("acts", (sig, tokens, *fields), lambda: stage_activation_bytes(chunk, plan, tokens, sig))
         dense, expert, largest = dense + d, expert + e, max(largest, big)
         saved.append(s)
         work = max(work, w)
