@@ -393,24 +393,33 @@ def stage_params(stage: list[Layer], plan: ParallelPlan, tied_copy: bool, embedd
     return dense, expert, largest
 
 
-def stage_activation_bytes(stage: list[Layer], plan: ParallelPlan, tokens: float) -> tuple[float, float]:
-    """(saved bytes for one microbatch, working bytes of the largest recomputed layer)."""
+def stage_activation_bytes(stage: list[Layer], plan: ParallelPlan, tokens: float,
+                           classes: tuple[int, ...] | None = None) -> tuple[float, float]:
+    """(saved bytes for one microbatch, working bytes of the largest recomputed layer). `classes`:
+    the stage's layer classes (StepMemo.signature), so that alike layers are sized once."""
     saved = work = 0.0
     position = 0
     sp = plan.sequence_parallel
     fw = framework_profile(plan.framework, plan.framework_release)
     fp8 = plan.precision == "fp8" and fw.fp8_one_byte_saved_inputs
-    for layer in stage:
+    sized: dict[tuple, tuple[float, float]] = {}
+    for i, layer in enumerate(stage):
         mode = RecomputeMode.NONE
         if layer.kind in ("dense", "moe"):
             mode = _recompute_mode(plan, position)
             position += 1
-        kept = memory.saved_activation_bytes(layer, tokens, plan.seq_len, plan.tp, sp, mode, plan.recompute.modules,
-                                             fp8, fw.selective_policy, plan.expert_tp)
+        hit = sized.get((classes[i], mode)) if classes is not None else None
+        if hit is None:
+            kept = memory.saved_activation_bytes(layer, tokens, plan.seq_len, plan.tp, sp, mode,
+                                                 plan.recompute.modules, fp8, fw.selective_policy, plan.expert_tp)
+            full = kept if mode == RecomputeMode.NONE else memory.saved_activation_bytes(
+                layer, tokens, plan.seq_len, plan.tp, sp, RecomputeMode.NONE, fp8=fp8, etp=plan.expert_tp)
+            hit = (kept, full)
+            if classes is not None:
+                sized[classes[i], mode] = hit
+        kept, full = hit
         saved += kept
         if mode != RecomputeMode.NONE:
-            full = memory.saved_activation_bytes(layer, tokens, plan.seq_len, plan.tp, sp, RecomputeMode.NONE, fp8=fp8,
-                                                 etp=plan.expert_tp)
             work = max(work, full - kept)
         if layer.kind == "head":
             vocab = next(g.n for g in layer.gemms if g.split == "vocab")
@@ -435,7 +444,7 @@ def _rank_contents(chunks: list[list[Layer]], graph: ModelGraph, plan: ParallelP
             sig = memo.signature(chunk)
             d, e, big = memo.stage("params", (sig, tied, *fields),
                                    lambda: stage_params(chunk, plan, tied, graph.layers[0]))
-            s, w = memo.stage("acts", (sig, tokens, *fields), lambda: stage_activation_bytes(chunk, plan, tokens))
+            s, w = memo.stage("acts", (sig, tokens, *fields), lambda: stage_activation_bytes(chunk, plan, tokens, sig))
         dense, expert, largest = dense + d, expert + e, max(largest, big)
         saved.append(s)
         work = max(work, w)
@@ -518,13 +527,18 @@ def dp_sync_lower_bound_s(dense: float, expert: float, layout: Layout, cluster: 
     whose pipeline ranks hold on average `dense` and `expert` parameters (on one GPU): m · x with
     x the linear comm.reduce_scatter_floor_s of those parameters (so x ≤ the mean rank's sync,
     ≤ the busiest's). 0 for the other ZeRO stages. See with_dp_floor_s for how it bounds a step."""
+    return layout.num_microbatches * dp_sync_floor_per_microbatch_s(dense, expert, layout, cluster, p, plan)
+
+
+def dp_sync_floor_per_microbatch_s(dense: float, expert: float, layout: Layout, cluster: Cluster, p: CostParams,
+                                   plan: ParallelPlan) -> float:
+    """x of dp_sync_lower_bound_s: one microbatch's share (the same for every micro batch size)."""
     if plan.zero != 2:
         return 0.0
     p = for_framework(p, plan.framework)
     g = memory.main_grad_bytes(plan.framework, plan.grad_reduce_in_bf16)
-    x = (comm.reduce_scatter_floor_s(dense * g, layout.dp_span, cluster, p)
-         + comm.reduce_scatter_floor_s(expert * g, layout.edp_span, cluster, p))
-    return layout.num_microbatches * x
+    return (comm.reduce_scatter_floor_s(dense * g, layout.dp_span, cluster, p)
+            + comm.reduce_scatter_floor_s(expert * g, layout.edp_span, cluster, p))
 
 
 def with_dp_floor_s(pipeline_s: float, floor_s: float) -> float:

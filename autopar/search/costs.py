@@ -46,7 +46,7 @@ from autopar.cost.step import (
     Estimate,
     StepMemo,
     assign_layers,
-    dp_sync_lower_bound_s,
+    dp_sync_floor_per_microbatch_s,
     with_dp_floor_s,
     estimate,
     rank_chunks,
@@ -277,15 +277,17 @@ class Pricer:
         split; more microbatches (a smaller micro batch) only add to it. Non-zero for ZeRO 2 only."""
         if plan.zero != 2:
             return 0.0
-        key = (plan.tp, plan.cp, plan.pp, plan.ep, plan.expert_tp, plan.mbs, plan.global_batch, plan.zero_shard_size,
+        key = (plan.tp, plan.cp, plan.pp, plan.ep, plan.expert_tp, plan.global_batch, plan.zero_shard_size,
                plan.framework, plan.grad_reduce_in_bf16)
-        hit = self._key_to_floor.get(key)
+        hit = self._key_to_floor.get(key)  # (dp, one microbatch's floor): no Layout per micro batch
         if hit is None:
             dense, expert = self.param_sums(plan)
-            floor = dp_sync_lower_bound_s(dense / plan.pp, expert / plan.pp, self.layout(plan), self.cluster, self.p,
-                                          plan)
-            hit = self._key_to_floor[key] = floor * (1.0 - 1e-9)  # rounding: stays below the estimate's sum
-        return hit
+            layout = self.layout(plan)
+            hit = self._key_to_floor[key] = (layout.dp, dp_sync_floor_per_microbatch_s(
+                dense / plan.pp, expert / plan.pp, layout, self.cluster, self.p, plan))
+        dp, x = hit
+        m = plan.global_batch // (dp * plan.mbs)  # the plan's Layout.num_microbatches
+        return m * x * (1.0 - 1e-9)  # as step.dp_sync_lower_bound_s; rounding: stays below the estimate's sum
 
     def layout_bound_s(self, plan: ParallelPlan) -> float:
         """≤ family_bound_s of every plan sharing `plan`'s tp, cp, ep, etp and sp with a micro batch
