@@ -773,6 +773,8 @@ def lazy_command(typer_app: typer.Typer = app) -> Any:
 
     import typer.main
 
+    if not all(hasattr(typer.main, f) for f in ("get_group", "get_command_from_info", "get_command_name")):
+        return typer.main.get_command(typer_app)  # a Typer whose internals differ: every command built
     group = typer.main.get_group(_Typer(**_APP_SETTINGS))  # the group alone: the same settings, no command
     group.commands = _LazyCommands({
         info.name or typer.main.get_command_name(info.callback.__name__): functools.partial(

@@ -1,7 +1,7 @@
 """Boundary models built from the data autopar ships without building a Pydantic validator (issue 15).
 
-Building a model's validator costs ~1-8 ms a class (`plan` would build fourteen for the preset,
-the cluster profile and the cost model: ~45 ms of its start-up); the classes are declared with
+Building a model's validator costs 1-8 ms a class (`plan` built nineteen for the preset, the
+cluster profile and the cost model: about 30 ms of its start-up); the classes are declared with
 `defer_build=True` and `build` makes the same object in plain Python for the schema features the
 shipped data uses: strict int / float / bool / str, Literal, optional, list, dict and nested
 models, the Ge/Gt/Le/Lt/MinLen/MaxLen and finite-number constraints, whitespace stripping, and the
@@ -19,9 +19,14 @@ import types
 from typing import Annotated, Any, Literal, TypeVar, Union, get_args, get_origin
 
 import annotated_types as at
+import pydantic.types
 from pydantic import BaseModel
 from pydantic.fields import FieldInfo
-from pydantic.types import AllowInfNan, StringConstraints, Strict
+from pydantic.types import StringConstraints, Strict
+
+# Field(allow_inf_nan=...)'s marker; a Pydantic without it reports the constraint otherwise, and
+# _holds then refuses it (Pydantic validates).
+_ALLOW_INF_NAN = getattr(pydantic.types, "AllowInfNan", ())
 
 M = TypeVar("M", bound=BaseModel)
 # model_config keys that do not change what validation returns
@@ -137,7 +142,7 @@ def _holds(m: Any, value: Any) -> bool:
     """Whether value meets constraint m (False for a constraint this module does not know)."""
     if isinstance(m, Strict):
         return True  # the types above are already strict
-    if isinstance(m, AllowInfNan):
+    if isinstance(m, _ALLOW_INF_NAN):
         return m.allow_inf_nan or not isinstance(value, float) or math.isfinite(value)
     if isinstance(m, (at.Ge, at.Gt, at.Le, at.Lt)):
         if type(value) not in (int, float):
