@@ -19,7 +19,8 @@ from typing import Any
 _HERE = Path(__file__).resolve().parent
 CATALOG_PATH = _HERE / "model_catalog.json"
 # The files every row is computed from; a change to any of them invalidates catalog.json.
-SOURCES = tuple(_HERE / p for p in ("model/presets.py", "model/build.py", "model/graph.py", "schema/model.py"))
+SOURCES = tuple(_HERE / p for p in (
+    "model/presets.py", "model/build.py", "model/graph.py", "schema/model.py", "schema/plain.py"))
 
 
 def fingerprint() -> str:

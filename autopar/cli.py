@@ -6,6 +6,7 @@ Every AutoparError becomes one line on stderr and exit code 2; no traceback reac
 import importlib
 import os
 import sys
+from collections.abc import MutableMapping
 from enum import Enum
 from typing import Annotated, Any, Callable, Optional
 
@@ -87,9 +88,10 @@ class _Typer(typer.Typer):
         return super().command(*args, cls=cls or _Command, **kwargs)
 
 
-app = _Typer(cls=_OneLineErrors, add_completion=False, no_args_is_help=True, pretty_exceptions_enable=False,
-             rich_markup_mode=None,
-             help="autopar: plan how to split an LLM over GPUs, before a GPU is touched.")
+_APP_SETTINGS: dict[str, Any] = dict(
+    cls=_OneLineErrors, add_completion=False, no_args_is_help=True, pretty_exceptions_enable=False,
+    rich_markup_mode=None, help="autopar: plan how to split an LLM over GPUs, before a GPU is touched.")
+app = _Typer(**_APP_SETTINGS)
 out: Any = _Lazy("out", _console(width=None if sys.stdout.isatty() else 120))
 err: Any = _Lazy("err", _console(stderr=True))
 
@@ -736,11 +738,57 @@ def _drop_process_env_default(key: str) -> None:
         _ENV_SET_HERE.discard(key)
 
 
+class _LazyCommands(MutableMapping):
+    """A group's commands by name, in registration order, each built by Typer when first looked up
+    (a value is a Click command or a function making one). Typer builds every command's Click
+    parameters from its signature: 15-20 ms for autopar's twelve, of which a run uses one (issue
+    15). Listing the names builds nothing; the group's help, which shows every command, builds all."""
+
+    def __init__(self, entries: dict[str, Any]) -> None:
+        self._entries = entries
+
+    def __getitem__(self, name: str) -> Any:
+        command = self._entries[name]
+        if not isinstance(command, click.Command):
+            command = self._entries[name] = command()
+        return command
+
+    def __setitem__(self, name: str, command: Any) -> None:
+        self._entries[name] = command
+
+    def __delitem__(self, name: str) -> None:
+        del self._entries[name]
+
+    def __iter__(self):
+        return iter(self._entries)
+
+    def __len__(self) -> int:
+        return len(self._entries)
+
+
+def lazy_command(typer_app: typer.Typer = app) -> Any:
+    """The Click group `typer.main.get_command(typer_app)` makes, with commands built on first use
+    (_LazyCommands; tests/test_plain_schema.py checks both groups answer alike)."""
+    import functools
+
+    import typer.main
+
+    if not all(hasattr(typer.main, f) for f in ("get_group", "get_command_from_info", "get_command_name")):
+        return typer.main.get_command(typer_app)  # a Typer whose internals differ: every command built
+    group = typer.main.get_group(_Typer(**_APP_SETTINGS))  # the group alone: the same settings, no command
+    group.commands = _LazyCommands({
+        info.name or typer.main.get_command_name(info.callback.__name__): functools.partial(
+            typer.main.get_command_from_info, info, pretty_exceptions_short=typer_app.pretty_exceptions_short,
+            rich_markup_mode=typer_app.rich_markup_mode)
+        for info in typer_app.registered_commands})
+    return group
+
+
 def main() -> None:
     """Console-script entry point."""
     _set_process_env_defaults()
     try:
-        app(standalone_mode=True)
+        lazy_command()(standalone_mode=True)
     except KeyboardInterrupt:
         print_error("interrupted")
         sys.exit(130)

@@ -8,12 +8,13 @@ failure is a one-line domain error naming the fix; no pydantic or YAML exception
 from __future__ import annotations
 
 import difflib
+import hashlib
+import json
 import operator
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-import yaml
 from pydantic import BaseModel, ValidationError
 
 from autopar.data import data_dir
@@ -21,14 +22,16 @@ from autopar.errors import InputFileError, SchemaError, UnknownClusterError
 from autopar.io import read_text_file
 from autopar.limits import MAX_GPUS, check_name, clip, clip_repr
 from autopar.schema.hardware import ClusterProfile
+from autopar.schema.plain import build
 from autopar.units import GB, GBIT, GiB, TFLOPS, US
 
 _PROFILE_DIR_NAME = "hardware_profiles"
 _YAML_SUFFIXES = (".yaml", ".yml")
-# libyaml's parser, when PyYAML was built with it: the same data as yaml.SafeLoader, 8x faster. Used
-# for the shipped profiles (tests/test_startup.py checks they parse alike); a user's file keeps the
-# pure-Python loader, whose error messages autopar quotes.
-_FAST_SAFE_LOADER = getattr(yaml, "CSafeLoader", yaml.SafeLoader)
+# autopar/profile_catalog.json: each shipped profile's YAML parsed, keyed by file name, with the
+# SHA-256 of the text it was parsed from. A shipped profile whose text has that hash is read from
+# it, so `plan` does not import PyYAML (~20 ms, issue 15); any other text is parsed. Regenerate
+# with `python -m autopar.hardware` (tests/test_plain_schema.py fails while it is stale).
+PROFILE_CATALOG_PATH = Path(__file__).resolve().parent / "profile_catalog.json"
 _FIX_BY_FIELD = {"sources": "list the datasheet, user guide or paper each number comes from"}
 
 
@@ -100,7 +103,8 @@ def cluster_rows() -> list[dict[str, Any]]:
 def load_profile(name_or_path: str) -> ClusterProfile:
     """Read and validate a cluster profile: a shipped name (see list_clusters) or a path to a YAML file."""
     path = _resolve(name_or_path)
-    return _validate(_read_yaml(path, fast=path.parent == data_dir(_PROFILE_DIR_NAME)), path)
+    shipped = path.parent == data_dir(_PROFILE_DIR_NAME)
+    return _validate(_read_yaml(path, fast=shipped), path, shipped)
 
 
 def load_cluster(name_or_path: str, gpus: int | None = None) -> Cluster:
@@ -113,7 +117,8 @@ def load_cluster(name_or_path: str, gpus: int | None = None) -> Cluster:
 def cluster_from_profile(profile: ClusterProfile, num_gpus: int, num_nodes: int) -> Cluster:
     """Convert a validated profile to base units; the only place file units become bytes and seconds."""
     gpu, node, net = profile.gpu, profile.node, profile.network
-    peaks = {dtype: tflops * TFLOPS for dtype, tflops in gpu.peak_tflops.model_dump().items() if tflops is not None}
+    peaks = {dtype: tflops * TFLOPS for dtype in type(gpu.peak_tflops).model_fields
+             if (tflops := getattr(gpu.peak_tflops, dtype)) is not None}
     return Cluster(
         name=profile.name,
         gpu_name=gpu.name,
@@ -186,18 +191,59 @@ def _shipped_path(name: str) -> Path:
 
 
 def _parse_yaml(text: str, fast: bool) -> Any:
+    """libyaml's parser when `fast` and PyYAML was built with it (the same data as yaml.SafeLoader,
+    8x faster: tests/test_startup.py); a user's file keeps the pure-Python loader, whose error
+    messages autopar quotes."""
+    import yaml
+
     if fast:
         try:
-            return yaml.load(text, Loader=_FAST_SAFE_LOADER)
+            return yaml.load(text, Loader=getattr(yaml, "CSafeLoader", yaml.SafeLoader))
         except yaml.YAMLError:
             pass  # the pure-Python loader words the error
     return yaml.safe_load(text)
 
 
+def _text_sha256(text: str) -> str:
+    return hashlib.sha256(text.encode("utf-8")).hexdigest()
+
+
+def _parsed_copy(path: Path, text: str) -> Any:
+    """The parse of a shipped profile's text stored in PROFILE_CATALOG_PATH, or None when that file
+    has none for exactly this text."""
+    try:
+        entry = json.loads(PROFILE_CATALOG_PATH.read_text(encoding="utf-8")).get(path.name)
+    except (OSError, ValueError, AttributeError, RecursionError):
+        return None
+    if isinstance(entry, dict) and entry.get("sha256") == _text_sha256(text):
+        return entry.get("data")
+    return None
+
+
+def parsed_profiles() -> dict[str, Any]:
+    """PROFILE_CATALOG_PATH's content for the shipped profiles as they are now."""
+    out = {}
+    for name in list_clusters():
+        path = _shipped_path(name)
+        text = read_text_file(path, "cluster file", "reinstall autopar")  # the text _read_yaml hashes
+        out[path.name] = {"sha256": _text_sha256(text), "data": _parse_yaml(text, fast=False)}
+    return out
+
+
+def write_parsed_profiles() -> Path:
+    PROFILE_CATALOG_PATH.write_text(json.dumps(parsed_profiles(), indent=1, ensure_ascii=False) + "\n",
+                                    encoding="utf-8")
+    return PROFILE_CATALOG_PATH
+
+
 def _read_yaml(path: Path, fast: bool = False) -> Any:
-    """Parse a YAML file (`fast`: with libyaml when present); InputFileError for a missing,
-    unreadable, oversized or malformed file."""
+    """Parse a YAML file (`fast`, for a shipped profile: its stored parse when current, else with
+    libyaml when present); InputFileError for a missing, unreadable, oversized or malformed file."""
     text = read_text_file(path, "cluster file", "check the path, or run `autopar clusters` for shipped names")
+    if fast and (stored := _parsed_copy(path, text)) is not None:
+        return stored
+    import yaml
+
     try:
         return _parse_yaml(text, fast)
     except yaml.YAMLError as err:
@@ -209,15 +255,17 @@ def _read_yaml(path: Path, fast: bool = False) -> Any:
         raise InputFileError(f"cluster file {clip(path)} cannot be parsed; pass a cluster profile YAML") from None
 
 
-def _validate(raw: Any, path: Path) -> ClusterProfile:
-    """Validate parsed YAML against ClusterProfile; a one-line SchemaError on any violation."""
+def _validate(raw: Any, path: Path, shipped: bool = False) -> ClusterProfile:
+    """Validate parsed YAML against ClusterProfile (a shipped profile without building Pydantic's
+    validator where its data allows, autopar.schema.plain: the same object); a one-line
+    SchemaError on any violation."""
     if not isinstance(raw, dict):
         raise SchemaError(
             f"{path.name}: a cluster profile must be a mapping with keys name, description, sources, gpu, node, network; "
             f"got {type(raw).__name__}"
         )
     try:
-        return ClusterProfile.model_validate(raw)
+        return build(ClusterProfile, raw) if shipped else ClusterProfile.model_validate(raw)
     except ValidationError as err:
         raise SchemaError(_describe_errors(err, path)) from None
 
@@ -257,3 +305,7 @@ def _allowed_keys(loc: tuple[Any, ...]) -> list[str]:
         if isinstance(annotation, type) and issubclass(annotation, BaseModel):
             model = annotation
     return list(model.model_fields)
+
+
+if __name__ == "__main__":
+    print(f"wrote {write_parsed_profiles()}")

@@ -13,7 +13,6 @@ from __future__ import annotations
 import json
 import os
 import stat
-import tempfile
 from pathlib import Path
 from typing import Any, Mapping
 
@@ -169,6 +168,8 @@ def write_output(path: Path | str, data: str | bytes, *, force: bool, what: str 
 
 def _stage(target: Path, data: str | bytes, executable: tuple[str, ...], what: str) -> str:
     """A temporary file in target's folder holding `data`, with the target's final mode."""
+    import tempfile  # only commands that write pay for it (and for `random`): issue 15
+
     try:
         fd, tmp = tempfile.mkstemp(prefix=f".{target.name[:40]}.", suffix=".tmp", dir=target.parent)
     except OSError as exc:

@@ -177,6 +177,78 @@ def test_bounds_never_exceed_the_estimate(seed):
         assert pricer.time_lower_bound_s(full_k) <= estimate(graph, cluster, full_k, p).step_time_s * (1 + 1e-9)
 
 
+@pytest.mark.parametrize("seed", range(6))
+def test_nested_bounds_hold_for_every_member_with_the_zero2_floor(seed):
+    """family_bound_s of a family's largest micro batch (over the family's vpps) ≤ group_bound_s of
+    the group's largest ≤ time_lower_bound_s ≤ estimate for every candidate; ZeRO 2 candidates
+    carry a positive DP floor."""
+    graph, cluster, p, seq, gbs = _instance(seed, moe=seed % 2 == 1)
+    pricer = Pricer(graph, cluster, p)
+    plans = candidates(space_spec_for(graph, cluster, seq, gbs))
+    fam_largest, group_largest, fam_vpps = {}, {}, {}
+    for x in plans:
+        fam = (x.tp, x.cp, x.ep, x.expert_tp, x.sequence_parallel, x.pp, x.zero)
+        group = fam + (x.vpp, x.recompute)
+        if x.mbs > fam_largest.get(fam, x).mbs or fam not in fam_largest:
+            fam_largest[fam] = x
+        if x.mbs > group_largest.get(group, x).mbs or group not in group_largest:
+            group_largest[group] = x
+        fam_vpps.setdefault(fam, set()).add(x.vpp)
+    floors = 0
+    for x in plans[::3]:
+        fam = (x.tp, x.cp, x.ep, x.expert_tp, x.sequence_parallel, x.pp, x.zero)
+        step_s = estimate(graph, cluster, x, p).step_time_s
+        assert pricer.family_bound_s(fam_largest[fam], sorted(fam_vpps[fam])) <= pricer.group_bound_s(group_largest[fam + (x.vpp, x.recompute)]) * (1 + 1e-12)
+        assert pricer.group_bound_s(group_largest[fam + (x.vpp, x.recompute)]) <= pricer.time_lower_bound_s(x) * (1 + 1e-12)
+        assert pricer.time_lower_bound_s(x) <= step_s
+        floors += x.zero == 2 and x.dp_for(cluster.num_gpus) > 1 and pricer.dp_floor_s(x) > 0
+    assert floors > 0
+    groups: dict[tuple, list] = {}
+    for x in plans:
+        groups.setdefault((x.tp, x.cp, x.ep, x.expert_tp, x.sequence_parallel, x.pp, x.zero, x.vpp, x.recompute), []).append(x)
+    provisional = 0
+    for members in list(groups.values())[::2]:  # provisional member bounds ≤ each member's exact bound
+        largest = max(members, key=lambda x: x.mbs)
+        others = [x for x in members if x is not largest]
+        for x, bound in zip(others, pricer.member_bounds_s(others, largest)):
+            assert bound <= pricer.time_lower_bound_s(x)
+            provisional += 1
+    assert provisional > 0
+
+
+def test_zero2_floor_by_hand_and_below_the_charged_dp_time():
+    """Llama-3-8B, tp2 pp2 dp16 on 64 H100, ZeRO 2, gbs 128 (m = 8): every microbatch
+    reduce-scatters the rank's fp32 gradients over dp 16 (stride tp = 2: 4 ranks per node, 4 nodes).
+    Floor by hand: m · (15/16 · mean params · 4 B) / (4 rails · NIC rate · inter-node efficiency)."""
+    from autopar.cost import comm
+    from autopar.cost.params import for_framework
+    from autopar.cost.step import GRAD_BUCKETS, dp_sync_lower_bound_s
+
+    graph = load_model("llama3-8b")
+    cluster = load_cluster("dgx-h100", 64)
+    p = resolve_cost_model(cluster, None)
+    plan = ParallelPlan(tp=2, pp=2, zero=2, mbs=1, global_batch=128, seq_len=8192)
+    pricer = Pricer(graph, cluster, p)
+    layout = pricer.layout(plan)
+    assert (layout.dp, layout.num_microbatches) == (16, 8)
+    assert (layout.dp_span.size, layout.dp_span.ranks_per_node, layout.dp_span.nodes) == (16, 4, 4)
+    dense, expert = pricer.param_sums(plan)
+    assert expert == 0
+    q = for_framework(p, plan.framework)
+    bw = min(cluster.intra_node_bytes_per_s * q.intra_node_efficiency,
+             4 * cluster.inter_node_bytes_per_s_per_gpu * q.inter_node_efficiency)
+    by_hand = 8 * (15 / 16 * dense / 2 * 4) / bw
+    floor = dp_sync_lower_bound_s(dense / 2, 0.0, layout, cluster, p, plan)
+    assert floor == pytest.approx(by_hand, rel=1e-12)
+    e = estimate(graph, cluster, plan, p)
+    assert 0 < floor / GRAD_BUCKETS < e.time_breakdown_s["dp_comm"]
+    assert floor < e.step_time_s and pricer.time_lower_bound_s(plan) <= e.step_time_s
+    assert pricer.dp_floor_s(plan.model_copy(update={"zero": 1})) == 0.0
+    for size in (1.0, 1e3, 1e6, 1e9, 1e11):  # the linear floor stays below the collective it bounds
+        assert comm.reduce_scatter_floor_s(size, layout.dp_span, cluster, p) <= comm.reduce_scatter_s(
+            size, layout.dp_span, cluster, p)
+
+
 @pytest.mark.parametrize("seed", range(4))
 def test_stage_memory_model_matches_the_estimate(seed):
     """The DP/ILP's linear stage memory equals the estimate's rank memory (vpp 1, ZeRO < 3)."""

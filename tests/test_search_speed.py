@@ -108,3 +108,25 @@ def test_valid_bases_carry_every_candidate():
     drafts = candidate_drafts(spec)
     assert [d for base, recomputes in bases for d in (base._replace(recompute=r) for r in recomputes)] == drafts
     assert len(drafts) == 3 * len(bases)  # none, selective, full: each valid for every base under Megatron
+
+
+@pytest.mark.parametrize("case", CASES[:3], ids=["llama3-70b", "deepseek-v3", "qwen3"])
+def test_layers_without_experts_cost_the_same_under_every_expert_layout(case):
+    """layer.expert_blind: a layer without experts reads no expert-parallel field, so its cost on a
+    split equals its cost with ep, etp, the MoE load, the dispatcher and their groups reset (what
+    StepMemo shares across a search's expert layouts). Checked on every layer kind of the model."""
+    from autopar.cost.layer import expert_blind, layer_cost
+
+    g, c, p, plans = _plans(*case, count=25)
+    checked = 0
+    for plan in plans:
+        st = setup(g, c, plan, p)
+        for layer in {x.kind if x.kind in ("dense", "moe") else x.name: x for x in g.layers}.values():
+            if layer.num_experts:
+                continue
+            split, spans = expert_blind(st.split, st.spans)
+            for overlap in (False, True):
+                assert layer_cost(layer, st.split, st.spans, c, p, overlap) == layer_cost(layer, split, spans, c, p,
+                                                                                         overlap)
+            checked += st.split.ep > 1 or st.split.moe_load != 1.0
+    assert checked > 0 or g.spec.moe is None

@@ -100,6 +100,16 @@ def reduce_scatter_s(input_bytes: float, span: GroupSpan, cluster: Cluster, p: C
     return all_gather_s(input_bytes, span, cluster, p)
 
 
+def reduce_scatter_floor_s(input_bytes: float, span: GroupSpan, cluster: Cluster, p: CostParams) -> float:
+    """≤ reduce_scatter_s(input_bytes, ...) for every size, and linear in it: the volume term at full
+    message efficiency, no latency. Linear, so the floor of a mean bounds the mean of the times
+    (the search's bound on ZeRO-2 gradient traffic, autopar.search.costs)."""
+    n = span.size
+    if n <= 1 or input_bytes <= 0:
+        return 0.0
+    return (n - 1) / n * input_bytes / bus_bandwidth_bytes_per_s(span, cluster, p)
+
+
 def all_to_all_s(send_bytes: float, span: GroupSpan, cluster: Cluster, p: CostParams) -> float:
     """Each rank sends `send_bytes` spread evenly over the group. The share bound for other nodes
     leaves through this GPU's share of the NICs; the rest crosses NVLink, concurrently."""

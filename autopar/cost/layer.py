@@ -12,7 +12,7 @@ elementwise × 2.
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 
 from autopar.cost import comm
 from autopar.cost.compute import attention_time_s, gemm_pass_bytes, gemm_time_s, memory_bound_time_s
@@ -118,19 +118,37 @@ def _gemm_module(name: str) -> str:
     return next((mod for prefix, mod in _GEMM_MODULE.items() if name.startswith(prefix)), "")
 
 
-def _compute(layer: Layer, s: Split, cluster: Cluster, p: CostParams) -> tuple[float, float, dict[str, float]]:
-    """Forward and backward compute seconds, and forward seconds by recompute module."""
+def gemm_pass_times_s(m: float, n: float, k: float, count: float, operand_bytes: float, peak_flops: float,
+                      hbm_bytes_per_s: float, p: CostParams) -> tuple[float, float]:
+    """(forward, dgrad + wgrad) seconds of `count` GEMMs of shape (m, n, k), each pass at the
+    roofline of its own HBM bytes (compute.gemm_pass_bytes)."""
+    fwd_b, dgrad_b, wgrad_b = gemm_pass_bytes(m, n, k, operand_bytes)
+    return (gemm_time_s(m, n, k, peak_flops, p, count, fwd_b, hbm_bytes_per_s),
+            gemm_time_s(m, n, k, peak_flops, p, count, dgrad_b, hbm_bytes_per_s)
+            + gemm_time_s(m, n, k, peak_flops, p, count, wgrad_b, hbm_bytes_per_s))
+
+
+def _compute(layer: Layer, s: Split, cluster: Cluster, p: CostParams,
+             gemm_memo: dict | None = None) -> tuple[float, float, dict[str, float]]:
+    """Forward and backward compute seconds, and forward seconds by recompute module. `gemm_memo`:
+    a dict kept by the caller for one (cluster, p), holding gemm_pass_times_s by its arguments
+    (a search prices the same attention GEMMs under many expert layouts)."""
     module_s: dict[str, float] = {}
     gemm_fwd = gemm_bwd = 0.0
     operand_bytes = 1.0 if s.attn_peak_flops and s.peak_flops > s.attn_peak_flops else float(BF16_BYTES)  # fp8 GEMMs
     hbm = cluster.hbm_bytes_per_s
     for g in layer.gemms:
         m, n, k, count = _gemm_shape(g, s)
-        fwd_b, dgrad_b, wgrad_b = gemm_pass_bytes(m, n, k, operand_bytes)
-        t = gemm_time_s(m, n, k, s.peak_flops, p, count, fwd_b, hbm)
+        if gemm_memo is None:
+            t, t_bwd = gemm_pass_times_s(m, n, k, count, operand_bytes, s.peak_flops, hbm, p)
+        else:
+            key = (m, n, k, count, operand_bytes, s.peak_flops)
+            hit = gemm_memo.get(key)
+            if hit is None:
+                hit = gemm_memo[key] = gemm_pass_times_s(m, n, k, count, operand_bytes, s.peak_flops, hbm, p)
+            t, t_bwd = hit
         gemm_fwd += t
-        gemm_bwd += (gemm_time_s(m, n, k, s.peak_flops, p, count, dgrad_b, hbm)
-                     + gemm_time_s(m, n, k, s.peak_flops, p, count, wgrad_b, hbm))
+        gemm_bwd += t_bwd
         mod = _gemm_module(g.name)
         if mod:
             module_s[mod] = module_s.get(mod, 0.0) + t
@@ -348,8 +366,21 @@ def _ep_comm(layer: Layer, s: Split, spans: Spans, cluster: Cluster, p: CostPara
     return t
 
 
-def layer_cost(layer: Layer, s: Split, spans: Spans, cluster: Cluster, p: CostParams, tp_overlap: bool) -> LayerCost:
-    fwd, bwd, module_s = _compute(layer, s, cluster, p)
+_NO_GROUP = comm.GroupSpan(1, 1, 1)
+
+
+def expert_blind(s: Split, spans: Spans) -> tuple[Split, Spans]:
+    """The split and spans with expert parallelism reset (ep, etp, the MoE load, the dispatcher,
+    their groups): no term of a layer without experts reads them (tests/test_search_speed.py
+    checks equal costs on every split), so a search prices such a layer once for all its
+    expert layouts (autopar.cost.step.StepMemo)."""
+    return (replace(s, ep=1, etp=1, moe_load=1.0, moe_dispatcher="alltoall"),
+            Spans(spans.tp, spans.cp, _NO_GROUP, _NO_GROUP))
+
+
+def layer_cost(layer: Layer, s: Split, spans: Spans, cluster: Cluster, p: CostParams, tp_overlap: bool,
+               gemm_memo: dict | None = None) -> LayerCost:
+    fwd, bwd, module_s = _compute(layer, s, cluster, p, gemm_memo)
     tp = _tp_comm(layer, s, spans, cluster, p, tp_overlap)
     if s.cp == 1 or not layer.num_heads:
         cp = cp_bwd = 0.0

@@ -16,7 +16,7 @@ from dataclasses import dataclass, field
 from autopar.choices import DEFAULT_MEMORY_MARGIN  # noqa: F401 (the one margin; re-exported for its users)
 from autopar.cost import comm, fsdp, memory
 from autopar.cost.compute import memory_bound_time_s
-from autopar.cost.layer import BF16_BYTES, LayerCost, Spans, Split, layer_cost
+from autopar.cost.layer import BF16_BYTES, LayerCost, Spans, Split, expert_blind, layer_cost
 from autopar.cost.frameworks import framework_profile, gpu_arch
 from autopar.cost.layout import Layout, stage_layer_counts  # noqa: F401 (stage_layer_counts re-exported)
 from autopar.cost.params import CostParams, for_framework
@@ -198,6 +198,7 @@ class StepMemo:
         self._key_to_costs: dict[tuple, tuple[int, dict[str, LayerCost]]] = {}
         self._key_to_stage: dict[tuple, object] = {}
         self._key_to_flops: dict[tuple, float] = {}
+        self._id_to_layer_memos: dict[int, tuple[CostParams, tuple[dict, dict]]] = {}
         self._last_fields: tuple | None = None
 
     def bound_to(self, graph: ModelGraph, cluster: Cluster, p: CostParams) -> bool:
@@ -267,8 +268,18 @@ class StepMemo:
         key = (st.split, st.spans, plan.tp_comm_overlap, plan.framework)
         hit = self._key_to_costs.get(key) if self.reuse else None
         if hit is None:  # the key stands in later keys as a small number (hashing a Split is not free)
-            hit = self._key_to_costs[key] = (len(self._key_to_costs), layer_costs(stages, st, self.cluster, p, plan))
+            memos = self._layer_memos(p) if self.reuse else None
+            hit = self._key_to_costs[key] = (len(self._key_to_costs), layer_costs(stages, st, self.cluster, p, plan,
+                                                                                  memos))
         return hit
+
+    def _layer_memos(self, p: CostParams) -> tuple[dict, dict]:
+        """The (GEMM times, expert-blind layer costs) dicts of one cost-model view (for_framework
+        gives one per framework; the view is held so that its id stays its own)."""
+        hit = self._id_to_layer_memos.get(id(p))
+        if hit is None or hit[0] is not p:
+            hit = self._id_to_layer_memos[id(p)] = (p, ({}, {}))
+        return hit[1]
 
     def stage(self, kind: str, key: tuple, compute):
         """`compute()` once per (kind, key)."""
@@ -295,14 +306,26 @@ STAGE_BLIND = frozenset({"pp", "vpp", "layers_per_stage", "global_batch", "zero"
 
 
 def layer_costs(stages: list[list[Layer]], st: StepSetup, cluster: Cluster, p: CostParams,
-                 plan: ParallelPlan) -> dict[str, LayerCost]:
-    """Cost of each distinct layer (all dense decoders are alike, all MoE decoders are alike)."""
+                 plan: ParallelPlan, memos: tuple[dict, dict] | None = None) -> dict[str, LayerCost]:
+    """Cost of each distinct layer (all dense decoders are alike, all MoE decoders are alike).
+    `memos`: (GEMM times, costs of layers without experts) kept across splits for this graph,
+    cluster and p (layer.gemm_pass_times_s; layer.expert_blind: one cost per expert layout)."""
     out: dict[str, LayerCost] = {}
+    gemm_memo, blind_memo = memos or (None, None)
     for stage in stages:
         for layer in stage:
             key = _layer_key(layer)
-            if key not in out:
-                out[key] = layer_cost(layer, st.split, st.spans, cluster, p, plan.tp_comm_overlap)
+            if key in out:
+                continue
+            if blind_memo is None or layer.num_experts:
+                out[key] = layer_cost(layer, st.split, st.spans, cluster, p, plan.tp_comm_overlap, gemm_memo)
+                continue
+            split, spans = expert_blind(st.split, st.spans)
+            hit = blind_memo.get((key, split, spans, plan.tp_comm_overlap))
+            if hit is None:
+                hit = blind_memo[key, split, spans, plan.tp_comm_overlap] = layer_cost(
+                    layer, split, spans, cluster, p, plan.tp_comm_overlap, gemm_memo)
+            out[key] = hit
     return out
 
 
@@ -370,24 +393,33 @@ def stage_params(stage: list[Layer], plan: ParallelPlan, tied_copy: bool, embedd
     return dense, expert, largest
 
 
-def stage_activation_bytes(stage: list[Layer], plan: ParallelPlan, tokens: float) -> tuple[float, float]:
-    """(saved bytes for one microbatch, working bytes of the largest recomputed layer)."""
+def stage_activation_bytes(stage: list[Layer], plan: ParallelPlan, tokens: float,
+                           classes: tuple[int, ...] | None = None) -> tuple[float, float]:
+    """(saved bytes for one microbatch, working bytes of the largest recomputed layer). `classes`:
+    the stage's layer classes (StepMemo.signature), so that alike layers are sized once."""
     saved = work = 0.0
     position = 0
     sp = plan.sequence_parallel
     fw = framework_profile(plan.framework, plan.framework_release)
     fp8 = plan.precision == "fp8" and fw.fp8_one_byte_saved_inputs
-    for layer in stage:
+    sized: dict[tuple, tuple[float, float]] = {}
+    for i, layer in enumerate(stage):
         mode = RecomputeMode.NONE
         if layer.kind in ("dense", "moe"):
             mode = _recompute_mode(plan, position)
             position += 1
-        kept = memory.saved_activation_bytes(layer, tokens, plan.seq_len, plan.tp, sp, mode, plan.recompute.modules,
-                                             fp8, fw.selective_policy, plan.expert_tp)
+        hit = sized.get((classes[i], mode)) if classes is not None else None
+        if hit is None:
+            kept = memory.saved_activation_bytes(layer, tokens, plan.seq_len, plan.tp, sp, mode,
+                                                 plan.recompute.modules, fp8, fw.selective_policy, plan.expert_tp)
+            full = kept if mode == RecomputeMode.NONE else memory.saved_activation_bytes(
+                layer, tokens, plan.seq_len, plan.tp, sp, RecomputeMode.NONE, fp8=fp8, etp=plan.expert_tp)
+            hit = (kept, full)
+            if classes is not None:
+                sized[classes[i], mode] = hit
+        kept, full = hit
         saved += kept
         if mode != RecomputeMode.NONE:
-            full = memory.saved_activation_bytes(layer, tokens, plan.seq_len, plan.tp, sp, RecomputeMode.NONE, fp8=fp8,
-                                                 etp=plan.expert_tp)
             work = max(work, full - kept)
         if layer.kind == "head":
             vocab = next(g.n for g in layer.gemms if g.split == "vocab")
@@ -412,7 +444,7 @@ def _rank_contents(chunks: list[list[Layer]], graph: ModelGraph, plan: ParallelP
             sig = memo.signature(chunk)
             d, e, big = memo.stage("params", (sig, tied, *fields),
                                    lambda: stage_params(chunk, plan, tied, graph.layers[0]))
-            s, w = memo.stage("acts", (sig, tokens, *fields), lambda: stage_activation_bytes(chunk, plan, tokens))
+            s, w = memo.stage("acts", (sig, tokens, *fields), lambda: stage_activation_bytes(chunk, plan, tokens, sig))
         dense, expert, largest = dense + d, expert + e, max(largest, big)
         saved.append(s)
         work = max(work, w)
@@ -487,6 +519,35 @@ def _dp_sync_s(dense: float, expert: float, st: StepSetup, cluster: Cluster, p: 
             step += reduce_s
         step += comm.all_gather_s(params * BF16_BYTES, span, cluster, p)
     return step, per_microbatch
+
+
+def dp_sync_lower_bound_s(dense: float, expert: float, layout: Layout, cluster: Cluster, p: CostParams,
+                          plan: ParallelPlan) -> float:
+    """F, a floor of ZeRO 2's per-microbatch gradient reduce-scatters over the step, for a plan
+    whose pipeline ranks hold on average `dense` and `expert` parameters (on one GPU): m · x with
+    x the linear comm.reduce_scatter_floor_s of those parameters (so x ≤ the mean rank's sync,
+    ≤ the busiest's). 0 for the other ZeRO stages. See with_dp_floor_s for how it bounds a step."""
+    return layout.num_microbatches * dp_sync_floor_per_microbatch_s(dense, expert, layout, cluster, p, plan)
+
+
+def dp_sync_floor_per_microbatch_s(dense: float, expert: float, layout: Layout, cluster: Cluster, p: CostParams,
+                                   plan: ParallelPlan) -> float:
+    """x of dp_sync_lower_bound_s: one microbatch's share (the same for every micro batch size)."""
+    if plan.zero != 2:
+        return 0.0
+    p = for_framework(p, plan.framework)
+    g = memory.main_grad_bytes(plan.framework, plan.grad_reduce_in_bf16)
+    return (comm.reduce_scatter_floor_s(dense * g, layout.dp_span, cluster, p)
+            + comm.reduce_scatter_floor_s(expert * g, layout.edp_span, cluster, p))
+
+
+def with_dp_floor_s(pipeline_s: float, floor_s: float) -> float:
+    """A step-time bound from a bound on the pipeline part and F = dp_sync_lower_bound_s. The
+    estimate charges rank r's per-microbatch sync x_r as m · _exposed_dp_s(x_r, b_r) ≥
+    m · max(x_r / GRAD_BUCKETS, x_r − b_r) on top of a pipeline ≥ m · (f_r + b_r); so the step is
+    ≥ pipeline + F / GRAD_BUCKETS and ≥ m · (f_r + x_r) ≥ F (the backward it hides behind is
+    itself on the step)."""
+    return max(pipeline_s + floor_s / GRAD_BUCKETS, floor_s)
 
 
 def _exposed_dp_s(sync_s: float, overlap_window_s: float, plan: ParallelPlan) -> float:

@@ -7,7 +7,6 @@ import json
 from functools import lru_cache
 from pathlib import Path
 
-import yaml
 from pydantic import ValidationError
 
 from autopar.errors import InputFileError, SchemaError, UnknownModelError
@@ -30,6 +29,8 @@ _FILE_SUFFIXES = (".json", ".yaml", ".yml")
 
 def _read_mapping(path: Path) -> dict:
     """Parse a JSON or YAML file into a dict, with one-line errors for every failure."""
+    import yaml  # only model files need it (issue 15: presets load without PyYAML)
+
     text = read_text_file(path, "model file", "check the path or use a preset (autopar models)")
     is_json = path.suffix.lower() == ".json"
     try:

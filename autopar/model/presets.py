@@ -2,14 +2,26 @@
 
 from __future__ import annotations
 
+from typing import Any, TypeVar
+
 from autopar.schema.model import MLASpec, ModelSpec, MoESpec, RopeScaling
+from autopar.schema.plain import build
+
+M = TypeVar("M", ModelSpec, MoESpec, MLASpec, RopeScaling)
+
+
+def _checked(cls: type[M], **fields: Any) -> M:
+    """cls(**fields), checked in plain Python where the schema allows (autopar.schema.plain): the
+    same object, without building Pydantic's validator on the `plan` path (issue 15)."""
+    return build(cls, fields)
+
 
 _SC21 = "Narayanan et al. SC'21 Table 1 (V=51200, s=2048, 4h FFN)"
 
 
 def _megatron_gpt(name: str, layers: int, hidden: int, heads: int, source: str = _SC21) -> ModelSpec:
     """Megatron GPT: GeLU 4h FFN, LayerNorm, learned positions, tied embeddings, biases, dropout."""
-    return ModelSpec(
+    return _checked(ModelSpec,
         name=name, source=source, num_layers=layers, hidden_size=hidden, num_attention_heads=heads,
         ffn_hidden_size=4 * hidden, vocab_size=51200, seq_length=2048, activation="gelu",
         normalization="layernorm", position_embedding="learned", tie_embeddings=True, qkv_bias=True,
@@ -18,14 +30,14 @@ def _megatron_gpt(name: str, layers: int, hidden: int, heads: int, source: str =
 
 
 # Llama 3.1's rope_scaling (config.json of every Llama-3.1 size)
-LLAMA31_ROPE = RopeScaling(type="llama3", factor=8.0, original_max_position_embeddings=8192,
-                           low_freq_factor=1.0, high_freq_factor=4.0)
+LLAMA31_ROPE = _checked(RopeScaling, type="llama3", factor=8.0, original_max_position_embeddings=8192,
+                        low_freq_factor=1.0, high_freq_factor=4.0)
 
 
 def _llama(name: str, source: str, layers: int, hidden: int, heads: int, kv: int, ffn: int,
            vocab: int = 128256, seq: int = 8192, rope_scaling: RopeScaling | None = None) -> ModelSpec:
     """Llama 3 / 3.1: rope_theta 500000, rms_norm_eps 1e-5, untied embeddings."""
-    return ModelSpec(
+    return _checked(ModelSpec,
         name=name, source=source, num_layers=layers, hidden_size=hidden, num_attention_heads=heads,
         num_kv_heads=kv, ffn_hidden_size=ffn, vocab_size=vocab, seq_length=seq, rope_theta=500000.0,
         norm_epsilon=1e-5, rope_scaling=rope_scaling,
@@ -36,36 +48,37 @@ def _llama(name: str, source: str, layers: int, hidden: int, heads: int, kv: int
 def _mixtral(name: str, source: str, layers: int, hidden: int, heads: int, ffn: int, vocab: int,
              aux_loss_coeff: float) -> ModelSpec:
     """Mixtral: rope_theta 1e6, rms_norm_eps 1e-5, no sliding window, router_aux_loss_coef per size."""
-    return ModelSpec(
+    return _checked(ModelSpec,
         name=name, source=source, num_layers=layers, hidden_size=hidden, num_attention_heads=heads,
         num_kv_heads=8, ffn_hidden_size=ffn, vocab_size=vocab, seq_length=4096, rope_theta=1e6, norm_epsilon=1e-5,
-        moe=MoESpec(num_experts=8, top_k=2, expert_ffn_hidden_size=ffn, aux_loss_coeff=aux_loss_coeff),
+        moe=_checked(MoESpec, num_experts=8, top_k=2, expert_ffn_hidden_size=ffn, aux_loss_coeff=aux_loss_coeff),
     )
 
 
 def _qwen3_moe(name: str, source: str, layers: int, hidden: int, heads: int, ffn: int, expert_ffn: int) -> ModelSpec:
-    return ModelSpec(
+    return _checked(ModelSpec,
         name=name, source=source, num_layers=layers, hidden_size=hidden, num_attention_heads=heads,
         num_kv_heads=4, head_dim=128, ffn_hidden_size=ffn, vocab_size=151936, seq_length=4096, qk_norm=True,
         rope_theta=1e6, norm_epsilon=1e-6,
-        moe=MoESpec(num_experts=128, top_k=8, expert_ffn_hidden_size=expert_ffn, norm_topk_prob=True,
-                    aux_loss_coeff=0.001),
+        moe=_checked(MoESpec, num_experts=128, top_k=8, expert_ffn_hidden_size=expert_ffn, norm_topk_prob=True,
+                     aux_loss_coeff=0.001),
     )
 
 
 def _deepseek_v3() -> ModelSpec:
-    return ModelSpec(
+    return _checked(ModelSpec,
         name="deepseek-v3", source="deepseek-ai/DeepSeek-V3 config.json; DeepSeek-V3 report (arXiv 2412.19437)",
         num_layers=61, hidden_size=7168, num_attention_heads=128, ffn_hidden_size=18432,
         vocab_size=129280, seq_length=4096, mtp_layers=1, rope_theta=10000.0, norm_epsilon=1e-6,
         max_position_embeddings=163840,
-        rope_scaling=RopeScaling(type="yarn", factor=40.0, original_max_position_embeddings=4096, beta_fast=32.0,
-                                 beta_slow=1.0, mscale=1.0, mscale_all_dim=1.0),
-        mla=MLASpec(q_lora_rank=1536, kv_lora_rank=512, qk_nope_head_dim=128, qk_rope_head_dim=64, v_head_dim=128),
-        moe=MoESpec(num_experts=256, top_k=8, expert_ffn_hidden_size=2048, num_shared_experts=1,
-                    shared_expert_ffn_hidden_size=2048, first_k_dense=3, score_function="sigmoid",
-                    expert_bias=True, num_groups=8, group_topk=4, routed_scaling_factor=2.5, aux_loss_coeff=0.001,
-                    aux_loss_per_sequence=True, router_fp32=True),
+        rope_scaling=_checked(RopeScaling, type="yarn", factor=40.0, original_max_position_embeddings=4096,
+                              beta_fast=32.0, beta_slow=1.0, mscale=1.0, mscale_all_dim=1.0),
+        mla=_checked(MLASpec, q_lora_rank=1536, kv_lora_rank=512, qk_nope_head_dim=128, qk_rope_head_dim=64,
+                     v_head_dim=128),
+        moe=_checked(MoESpec, num_experts=256, top_k=8, expert_ffn_hidden_size=2048, num_shared_experts=1,
+                     shared_expert_ffn_hidden_size=2048, first_k_dense=3, score_function="sigmoid",
+                     expert_bias=True, num_groups=8, group_topk=4, routed_scaling_factor=2.5, aux_loss_coeff=0.001,
+                     aux_loss_per_sequence=True, router_fp32=True),
     )
 
 

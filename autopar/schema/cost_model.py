@@ -14,7 +14,9 @@ from pydantic import BaseModel, ConfigDict, Field
 
 from autopar.schema.types import Count, Real
 
-_FROZEN = ConfigDict(frozen=True, extra="forbid")
+# defer_build: the validator is built on first validation; shipped data is built without one
+# (autopar.schema.plain), so `autopar plan` builds none of these classes (issue 15: start-up).
+_FROZEN = ConfigDict(frozen=True, extra="forbid", defer_build=True)
 
 
 class Provenance(BaseModel):

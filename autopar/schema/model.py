@@ -15,7 +15,9 @@ from autopar.limits import (MAX_EXPERTS, MAX_FFN_HIDDEN_SIZE, MAX_HEADS, MAX_HID
                             MAX_VOCAB_SIZE)
 from autopar.schema.types import Count, Flag, Real
 
-_FROZEN = ConfigDict(frozen=True, extra="forbid")
+# defer_build: the validator is built on first validation; shipped data is built without one
+# (autopar.schema.plain), so `autopar plan` builds none of these classes (issue 15: start-up).
+_FROZEN = ConfigDict(frozen=True, extra="forbid", defer_build=True)
 
 
 class MLASpec(BaseModel):

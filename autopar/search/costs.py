@@ -17,7 +17,11 @@ exactly as `estimate` does).
   rank_memory_lower_bound_bytes: the same two ranks from the tables (states, in-flight saved
     activations, recompute working bytes; no graph walk), ≤ memory_lower_bound_bytes (tested).
   layout_bound_s ≤ family_bound_s ≤ group_bound_s ≤ time_lower_bound_s: one table's time sum
-    bounds every plan of a layout (tp, cp, ep, etp, sp), a family (+ pp, ZeRO), a micro-batch group.
+    bounds every plan of a layout (tp, cp, ep, etp, sp); a family (+ pp, ZeRO) and a micro-batch
+    group are bounded by the slowest rank's time per sequence at their largest micro batch; a
+    plan below a group starts with a provisional bound from the group's table (member_bounds_s).
+    From the family down, ZeRO 2's per-microbatch gradient reduce-scatters add their floor
+    (dp_floor_s, step.dp_sync_lower_bound_s): without it such plans look 5-10x cheaper than priced.
   states_lower_bound_bytes: the mean rank's model states, a bound for a whole family.
 
 Candidates may be search.space.Drafts (NamedTuples with ParallelPlan's own properties); a
@@ -47,6 +51,8 @@ from autopar.cost.step import (
     Estimate,
     StepMemo,
     assign_layers,
+    dp_sync_floor_per_microbatch_s,
+    with_dp_floor_s,
     estimate,
     rank_chunks,
     rank_memory,
@@ -62,6 +68,12 @@ from autopar.search.space import as_plan
 from autopar.search.summation import pairwise_sum, prefix_sums
 
 MODES = tuple(RecomputeMode)
+NO_RECOMPUTE = Recompute(mode=RecomputeMode.NONE)
+
+
+def _with(plan, **fields):
+    """`plan` with `fields` replaced: a search.space.Draft (NamedTuple) or a ParallelPlan."""
+    return plan._replace(**fields) if hasattr(plan, "_replace") else plan.model_copy(update=fields)
 
 
 @dataclass(frozen=True)
@@ -203,6 +215,7 @@ class Pricer:
         self._key_to_prefixes: dict[tuple, object] = {}  # keyed by id(table): tables live as long as the Pricer
         self._key_to_cuts: dict[tuple, tuple[tuple[int, ...], itemgetter]] = {}
         self._key_to_columns: dict[tuple, tuple] = {}
+        self._key_to_floor: dict[tuple, float] = {}
         self.memo = StepMemo(graph, cluster, p)  # the estimates of this search share it
 
     def layout(self, plan: ParallelPlan) -> Layout:
@@ -232,7 +245,7 @@ class Pricer:
         hit = self._key_to_bound.get(key)
         if hit is None:
             hit = self._key_to_bound[key] = self._time_lower_bound_s(plan, split)
-        return hit
+        return with_dp_floor_s(hit, self.dp_floor_s(plan)) if plan.zero == 2 else hit
 
     def _time_lower_bound_s(self, plan: ParallelPlan, split: tuple) -> float:
         ranks = self._rank_times(plan, split)
@@ -248,15 +261,51 @@ class Pricer:
         efficiencies saturate upward; fixed overheads and the launch floor amortize), so the
         largest micro batch gives the bound for the group."""
         per_seq = max(self._rank_times(plan)) / plan.mbs
-        return per_seq * plan.global_batch / self.layout(plan).dp
+        return with_dp_floor_s(per_seq * plan.global_batch / self.layout(plan).dp, self.dp_floor_s(plan))
 
-    def family_bound_s(self, plan: ParallelPlan) -> float:
-        """≤ group_bound_s of every plan sharing `plan`'s tp, pp, cp, ep, etp, ZeRO and sp with a
-        micro batch ≤ plan.mbs, whatever its vpp, recompute or layer split: the steady state
-        m · max_r t_r ≥ m · mean_r t_r = (B/dp) · Σ_layers t(b) / (pp · b), with recompute (≥ 0)
-        left out and the largest micro batch giving the least time per sequence (group_bound_s)."""
-        total = self.table(plan).time_sums["fb"]
-        return total / plan.mbs / plan.pp * plan.global_batch / self.layout(plan).dp
+    def member_bounds_s(self, members: list, largest: ParallelPlan) -> list[float]:
+        """≤ time_lower_bound_s of each plan in `members`, plans that differ from `largest` only by a
+        smaller micro batch, from `largest`'s table alone: its ranks' times scaled by
+        mbs / largest.mbs (time per sequence never rises with the micro batch, as in
+        group_bound_s) in the same closed form with each plan's microbatch count and no p2p, plus
+        its DP floor. The walk builds a plan's own table (time_lower_bound_s) only when this
+        provisional bound is reached."""
+        ranks = self._rank_times(largest)
+        dp = self.layout(largest).dp
+        zeros = [0.0] * len(ranks)
+        out = []
+        for plan in members:
+            scale = plan.mbs / largest.mbs
+            m = plan.global_batch // (dp * plan.mbs)  # = the plan's Layout.num_microbatches
+            pipe, _ = pipeline_step_s([t * scale for t in ranks], zeros, m, plan.vpp, 0.0)
+            out.append(with_dp_floor_s(pipe, self.dp_floor_s(plan)) * (1.0 - 1e-12))  # rounding: below the exact
+        return out
+
+    def family_bound_s(self, plan: ParallelPlan, vpps) -> float:
+        """≤ group_bound_s of every plan sharing `plan`'s tp, pp, cp, ep, etp, ZeRO and sp with a vpp
+        in `vpps` and a micro batch ≤ plan.mbs, whatever its recompute or layer split: the least
+        over the vpps of group_bound_s without recompute (recompute only adds time, and the largest
+        micro batch has the least time per sequence). All from the table of plan's micro batch."""
+        return min(self.group_bound_s(_with(plan, vpp=v, recompute=NO_RECOMPUTE)) for v in vpps)
+
+    def dp_floor_s(self, plan: ParallelPlan) -> float:
+        """F of step.dp_sync_lower_bound_s (bounds combine with it by step.with_dp_floor_s) for every
+        plan sharing `plan`'s degrees and ZeRO stage with a micro batch ≤ plan.mbs: the mean pipeline
+        rank's (the graph's parameters on one GPU over pp), whatever the vpp, recompute or layer
+        split; more microbatches (a smaller micro batch) only add to it. Non-zero for ZeRO 2 only."""
+        if plan.zero != 2:
+            return 0.0
+        key = (plan.tp, plan.cp, plan.pp, plan.ep, plan.expert_tp, plan.global_batch, plan.zero_shard_size,
+               plan.framework, plan.grad_reduce_in_bf16)
+        hit = self._key_to_floor.get(key)  # (dp, one microbatch's floor): no Layout per micro batch
+        if hit is None:
+            dense, expert = self.param_sums(plan)
+            layout = self.layout(plan)
+            hit = self._key_to_floor[key] = (layout.dp, dp_sync_floor_per_microbatch_s(
+                dense / plan.pp, expert / plan.pp, layout, self.cluster, self.p, plan))
+        dp, x = hit
+        m = plan.global_batch // (dp * plan.mbs)  # the plan's Layout.num_microbatches
+        return m * x * (1.0 - 1e-9)  # as step.dp_sync_lower_bound_s; rounding: stays below the estimate's sum
 
     def layout_bound_s(self, plan: ParallelPlan) -> float:
         """≤ family_bound_s of every plan sharing `plan`'s tp, cp, ep, etp and sp with a micro batch

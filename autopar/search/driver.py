@@ -53,6 +53,9 @@ from autopar.units import GiB
 Progress = Callable[[str, int, int], None]  # (phase, done, total); phases: score, refine
 REFINE_POOL = 16  # candidates (at least `top`) handed to the DP and the ILP
 _MODE_ORDER = {RecomputeMode.NONE: 0, RecomputeMode.SELECTIVE: 1, RecomputeMode.FULL: 2}
+# Heap levels, each entry (bound, level, key, item). A provisional bound (from a table already
+# built) is ≤ the exact one; popped, the entry comes back with its exact bound one level down.
+LAYOUT, FAMILY, GROUP, PLAN_PROVISIONAL, PLAN = range(5)
 
 
 @dataclass
@@ -239,11 +242,11 @@ def _branch_and_bound(bases: list, pricer: Pricer, walk: _Walk, memory_margin: f
     layouts, total = _nest(bases, pricer)
     for lkey, families in layouts.items():
         largest = max((largest for _, largest in families.values()), key=lambda x: x[0].mbs)
-        heap.append((pricer.layout_bound_s(_largest_mbs(largest)), 0, lkey, families))
+        heap.append((pricer.layout_bound_s(_largest_mbs(largest)), LAYOUT, lkey, families))
     heapq.heapify(heap)
     while heap and heap[0][0] <= walk.kth_s:
         entry = heapq.heappop(heap)
-        if entry[1] < 3:
+        if entry[1] < PLAN:
             _expand(heap, entry, pricer, walk)
             continue
         bound, _, key, draft = entry
@@ -259,20 +262,27 @@ def _branch_and_bound(bases: list, pricer: Pricer, walk: _Walk, memory_margin: f
 
 
 def _expand(heap: list, entry: tuple, pricer: Pricer, walk: _Walk) -> None:
-    """Push the children of a popped layout (0), family (1) or group (2) with their bounds."""
-    _, level, _, item = entry
-    if level == 0:
+    """Push the children of a popped layout (0), family (1) or group (2) with their bounds, or a
+    plan's exact bound in place of its provisional one (Pricer.member_bounds_s ≤ the exact
+    time_lower_bound_s, so the plans still reach _visit in the order of their exact bounds)."""
+    _, level, key, item = entry
+    if level == LAYOUT:
         for fkey, family in item.items():
             _push_family(heap, fkey, family, pricer, walk)
-    elif level == 1:
+    elif level == FAMILY:
         for gkey, members in _groups(item).items():
             if len(members) == 1:
-                heapq.heappush(heap, (pricer.time_lower_bound_s(members[0]), 3, plan_key(members[0]), members[0]))
+                heapq.heappush(heap, (pricer.time_lower_bound_s(members[0]), PLAN, plan_key(members[0]), members[0]))
             else:
-                heapq.heappush(heap, (pricer.group_bound_s(max(members, key=lambda x: x.mbs)), 2, gkey, members))
+                heapq.heappush(heap, (pricer.group_bound_s(max(members, key=lambda x: x.mbs)), GROUP, gkey, members))
+    elif level == GROUP:
+        largest = max(item, key=lambda x: x.mbs)
+        heapq.heappush(heap, (pricer.time_lower_bound_s(largest), PLAN, plan_key(largest), largest))
+        others = [plan for plan in item if plan is not largest]
+        for plan, bound in zip(others, pricer.member_bounds_s(others, largest)):
+            heapq.heappush(heap, (bound, PLAN_PROVISIONAL, plan_key(plan), plan))
     else:
-        for plan in item:
-            heapq.heappush(heap, (pricer.time_lower_bound_s(plan), 3, plan_key(plan), plan))
+        heapq.heappush(heap, (pricer.time_lower_bound_s(item), PLAN, key, item))
 
 
 def _price_equivalents(heap: list, pricer: Pricer, walk: _Walk, memory_margin: float) -> None:
@@ -291,7 +301,7 @@ def _price_equivalents(heap: list, pricer: Pricer, walk: _Walk, memory_margin: f
             fam_to_pending.setdefault(family(draft), []).append((simplicity_key(draft), bound, key, draft))
     while heap and heap[0][0] <= edge:
         entry = heapq.heappop(heap)
-        if entry[1] < 3:
+        if entry[1] < PLAN:
             _expand(heap, entry, pricer, walk)
         else:
             bound, _, key, draft = entry
@@ -318,7 +328,8 @@ def _push_family(heap: list, fkey: tuple, family: tuple[dict, list], pricer: Pri
         walk.pruned_memory_early += len(members)
         walk.shortfalls.extend((low - walk.capacity_bytes, plan, False) for plan in members)
         return
-    heapq.heappush(heap, (pricer.family_bound_s(_largest_mbs(largest)), 1, fkey, prefixes))
+    plan = _largest_mbs(largest)
+    heapq.heappush(heap, (pricer.family_bound_s(plan, [prefix[-1] for prefix in prefixes]), FAMILY, fkey, prefixes))
 
 
 def _largest_mbs(largest: list) -> object:
@@ -445,8 +456,17 @@ def _variants(spec: SpaceSpec, pricer: Pricer, plan: ParallelPlan, memory_margin
         except NoFeasiblePlanError:
             return out
         lps = counts if counts != default else None
-        out.append(plan.model_copy(update={"recompute": solution.to_recompute(), "layers_per_stage": lps}))
+        recompute = _uniform_if_whole(solution.to_recompute(), counts)
+        out.append(plan.model_copy(update={"recompute": recompute, "layers_per_stage": lps}))
     return out
+
+
+def _uniform_if_whole(r: Recompute, counts: tuple[int, ...]) -> Recompute:
+    """full(K) with K at least every virtual stage's layer count recomputes every layer: the same
+    run as plain full (Megatron's --recompute-num-layers covers the whole stage), so one plan."""
+    if r.mode == RecomputeMode.FULL and r.num_layers is not None and r.num_layers >= max(counts):
+        return Recompute(mode=RecomputeMode.FULL, modules=r.modules)
+    return r
 
 
 def _score_refined(spec: SpaceSpec, pricer: Pricer, walk: _Walk, plan: ParallelPlan, memory_margin: float) -> None:
@@ -463,7 +483,11 @@ def _score_refined(spec: SpaceSpec, pricer: Pricer, walk: _Walk, plan: ParallelP
         r = plan.recompute
         if r.mode != RecomputeMode.FULL or r.num_layers is None or r.num_layers >= max_k:
             return
-        plan = plan.model_copy(update={"recompute": r.model_copy(update={"num_layers": r.num_layers + 1})})
+        counts = pricer.layout(plan).stage_counts
+        plan = plan.model_copy(update={"recompute": _uniform_if_whole(r.model_copy(update={"num_layers": r.num_layers + 1}),
+                                                                      counts)})
+        if plan_key(plan) in walk.seen:
+            return
 
 
 def _nothing_fits_message(spec: SpaceSpec, pricer: Pricer, walk: _Walk, memory_margin: float) -> str:
