@@ -9,7 +9,8 @@ import itertools
 import pytest
 
 from autopar.schema.plan import Framework, plan_violations
-from autopar.search.space import SpaceSpec, _recompute_free, draft_is_valid, normalize_fix, valid_bases
+from autopar.search.space import (SpaceSpec, _recompute_free, _valid_recompute_free, draft_is_valid, normalize_fix,
+                                  valid_bases)
 
 SPACES = [  # (gpus, gpus/node, layers, heads, kv heads, experts, seq, gbs, framework, fix)
     (64, 8, 80, 64, 8, 0, 8192, 128, Framework.MEGATRON, {}),
@@ -64,3 +65,18 @@ def test_valid_bases_keeps_exactly_the_validated_bases():
         kwargs = spec.validator_kwargs()
         expected = [b for b in _recompute_free(spec) if not plan_violations(b, **kwargs)]
         assert [b for b, _ in valid_bases(spec)] == expected
+
+
+@pytest.mark.parametrize("space", SPACES + [  # and the benchmark's MoE shapes (Qwen3-235B, DeepSeek-V3)
+    (1024, 8, 94, 64, 4, 128, 4096, 4096, Framework.MEGATRON, {}),
+    (2048, 8, 61, 128, 128, 256, 4096, 4096, Framework.MEGATRON, {}),
+    (512, 8, 61, 128, 128, 256, 4096, 1024, Framework.TORCHTITAN, {}),
+], ids=[f"space{i}" for i in range(len(SPACES) + 3)])
+def test_hoisted_generator_yields_exactly_the_valid_drafts_in_order(space):
+    """_valid_recompute_free checks each rule at its loop level: the same drafts, in the same
+    order, as filtering every draft of _recompute_free with draft_is_valid."""
+    spec = _spec(*space)
+    kwargs = spec.validator_kwargs()
+    slow = [d for d in _recompute_free(spec) if draft_is_valid(d, **kwargs)]
+    assert list(_valid_recompute_free(spec)) == slow
+    assert slow or spec.fix

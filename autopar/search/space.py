@@ -293,6 +293,49 @@ def _recompute_free(spec: SpaceSpec) -> Iterator[Draft]:
                                 yield tuple.__new__(Draft, (tp, pp, cp, ep, etp, vpp, mbs, zero, sp, first, *consts))
 
 
+def _valid_recompute_free(spec: SpaceSpec) -> Iterator[Draft]:
+    """The drafts of _recompute_free that draft_is_valid accepts, in the same order: each of its
+    rules is checked at the loop level whose axes it reads, so a failing rule skips the whole
+    subtree instead of one check per draft (~57K for Qwen3-235B; tests/test_space_fastpath.py
+    checks the two agree draft for draft)."""
+    num_gpus, num_layers, heads, kv = spec.num_gpus, spec.num_layers, spec.num_heads, spec.num_kv_heads
+    experts, per_node = spec.num_experts, spec.gpus_per_node
+    first = recompute_options(spec)[0]
+    gbs, seq, framework, cp_comm = spec.global_batch, spec.seq_len, spec.framework, _CP_COMM_TYPE[spec.framework]
+    consts = (gbs, seq, spec.precision, framework, cp_comm)
+    deepspeed = framework == Framework.DEEPSPEED
+    zeros = [z for z in zero_options(spec) if z in FRAMEWORK_ZERO_STAGES[framework]]
+    vpps: dict[tuple[int, int], list[int]] = {}  # (pp, microbatches) -> vpp_options
+    for tp, pp, cp, dp in model_parallel_degrees(spec):
+        if num_gpus % (tp * pp * cp) or heads % tp or kv % tp or (per_node and tp > per_node):
+            continue
+        if cp > 1 and (seq % (2 * cp) or (cp_comm == "a2a" and (kv // max(tp, 1)) % cp)):
+            continue
+        sps = [sp for sp in sp_options(spec, tp) if not (sp is True and tp == 1)]
+        etps = etp_options(spec, tp)
+        for mbs in mbs_options(spec, dp):
+            m = gbs // (dp * mbs) if dp * mbs else 0
+            if (pp, m) not in vpps:
+                vpps[pp, m] = vpp_options(spec, pp, m)
+            if gbs % (dp * mbs):
+                continue
+            vpp_ok = [v for v in vpps[pp, m] if not ((v > 1 and (pp == 1 or m % pp)) or num_layers < pp * v
+                                                     or (deepspeed and num_layers % (pp * v)))]
+            for ep in ep_options(spec, tp, pp):
+                for etp in etps:
+                    if not experts:
+                        if ep > 1 or (etp is not None and etp != tp):
+                            continue
+                    elif experts % ep or num_gpus % ((etp if etp is not None else tp) * ep * pp):
+                        continue
+                    for vpp in vpp_ok:
+                        for zero in zeros:
+                            if deepspeed and (cp > 1 or ep > 1 or vpp > 1 or (pp > 1 and zero > 1)):
+                                continue
+                            for sp in sps:
+                                yield tuple.__new__(Draft, (tp, pp, cp, ep, etp, vpp, mbs, zero, sp, first, *consts))
+
+
 def raw_candidates(spec: SpaceSpec) -> Iterator[Draft]:
     """Every combination the generators produce, before the validator (recompute innermost)."""
     options = recompute_options(spec)
@@ -351,8 +394,7 @@ def valid_bases(spec: SpaceSpec) -> list[tuple[Draft, tuple[Recompute, ...]]]:
     """Each valid combination of every axis but recompute, with the recompute choices valid for it
     (`candidate_bases` without building a Draft per choice: the search builds them for the
     families it expands)."""
-    out, first_problem = [], None
-    kwargs = spec.validator_kwargs()
+    out = []
     refuses = spec.framework != Framework.MEGATRON and spec.model_spec is not None
     count = count_raw_candidates(spec)
     if count > MAX_RAW_CANDIDATES:
@@ -360,28 +402,37 @@ def valid_bases(spec: SpaceSpec) -> list[tuple[Draft, tuple[Recompute, ...]]]:
                                f"{MAX_RAW_CANDIDATES:,} a search takes; pin axes with --fix (e.g. mbs=1,vpp=1) or "
                                "lower --max-tp, the GPU count or the global batch")
     all_options = tuple(recompute_options(spec))
-    for base in _recompute_free(spec):  # the validator does not read recompute: validate once
-        if not draft_is_valid(base, **kwargs):  # plan_violations' verdict; its messages only for the error
-            first_problem = first_problem or plan_violations(base, **kwargs)
-            continue
+    for base in _valid_recompute_free(spec):  # draft_is_valid's verdict; the validator does not read recompute
         variants = all_options
         if refuses:
             kept = []
             for r in variants:
-                problems = framework_problems(spec, with_recompute(base, r).to_plan())
-                if problems:
-                    first_problem = first_problem or problems
-                else:
+                if not framework_problems(spec, with_recompute(base, r).to_plan()):
                     kept.append(r)
             variants = tuple(kept)
         if variants:
             out.append((base, variants))
     if not out:
+        first_problem = _first_problem(spec, all_options, refuses)  # in enumeration order, as the error quotes it
         pinned = ", ".join(f"{k}={v.label() if isinstance(v, Recompute) else v}" for k, v in spec.fix.items())
         why = "; ".join(first_problem) if first_problem else _why_empty(spec)
         error = InvalidPlanError if pinned else NoFeasiblePlanError
         raise error(f"no valid plan on {spec.num_gpus} GPUs{' with ' + pinned if pinned else ''}: {why}")
     return out
+
+
+def _first_problem(spec: SpaceSpec, options: tuple[Recompute, ...], refuses: bool) -> list[str] | None:
+    """The first refusal in enumeration order: the validator's messages for an invalid base, or
+    the framework's for a valid base's recompute choice (None when nothing was refused)."""
+    kwargs = spec.validator_kwargs()
+    for base in _recompute_free(spec):
+        if not draft_is_valid(base, **kwargs):
+            return plan_violations(base, **kwargs)
+        for r in options if refuses else ():
+            problems = framework_problems(spec, with_recompute(base, r).to_plan())
+            if problems:
+                return problems
+    return None
 
 
 def framework_problems(spec: SpaceSpec, plan: ParallelPlan) -> list[str]:
