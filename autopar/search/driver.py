@@ -483,9 +483,8 @@ def _score_refined(spec: SpaceSpec, pricer: Pricer, walk: _Walk, plan: ParallelP
         r = plan.recompute
         if r.mode != RecomputeMode.FULL or r.num_layers is None or r.num_layers >= max_k:
             return
-        counts = pricer.layout(plan).stage_counts
-        plan = plan.model_copy(update={"recompute": _uniform_if_whole(r.model_copy(update={"num_layers": r.num_layers + 1}),
-                                                                      counts)})
+        more = _uniform_if_whole(r.model_copy(update={"num_layers": r.num_layers + 1}), pricer.layout(plan).stage_counts)
+        plan = plan.model_copy(update={"recompute": more})
         if plan_key(plan) in walk.seen:
             return
 
