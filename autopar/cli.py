@@ -768,7 +768,7 @@ class _LazyCommands(MutableMapping):
 
 def lazy_command(typer_app: typer.Typer = app) -> Any:
     """The Click group `typer.main.get_command(typer_app)` makes, with commands built on first use
-    (_LazyCommands; tests/test_plain_schema.py checks both groups answer alike)."""
+    (_LazyCommands; tests/test_cli_lazy.py checks both groups answer alike)."""
     import functools
 
     import typer.main
