@@ -66,6 +66,9 @@ def test_plan_imports_no_numpy():
     data = json.loads(text)
     assert data["plans"] and data["search"]["refined"] > 0  # the DP / recompute program ran
     assert not loaded & {*HEAVY, "numpy", "scipy"}, loaded & {*HEAVY, "numpy", "scipy"}
+    # Nor a Pydantic validator: its plugin discovery imports importlib.metadata and scans every
+    # installed distribution (~40 ms); the search builds plans with ParallelPlan.trusted.
+    assert not loaded & {"pydantic.plugin._loader", "importlib.metadata"}
     text, loaded = _plan_in_process(["mixtral-8x7b", "--cluster", "dgx-h100", "--gpus", "32", "--seq-len", "4096",
                                      "--global-batch", "256", "--fix", "tp=2,pp=2", "--quiet"])
     assert "Chosen plan" in text and "refined by DP/ILP" in text

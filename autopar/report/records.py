@@ -29,7 +29,7 @@ def estimate_to_dict(e: Estimate) -> dict[str, Any]:
 
 def plan_to_dict(plan: ParallelPlan, num_gpus: int) -> dict[str, Any]:
     """The plan's axes under the names the CLI uses (dp derived)."""
-    d = plan.model_dump(mode="json")
+    d = plan.plan_json()  # = model_dump(mode="json"), without building Pydantic's serializer
     d["dp"] = plan.dp_for(num_gpus)
     d["etp"] = plan.expert_tp
     d["sp"] = plan.sequence_parallel

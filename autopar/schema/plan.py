@@ -9,6 +9,7 @@ parameter-gather overlap on, TP communication overlap off.
 
 from __future__ import annotations
 
+from enum import Enum
 from typing import Any, Literal
 
 from pydantic import BaseModel, ConfigDict, Field, model_validator
@@ -31,7 +32,11 @@ PLAN_SCHEMA_VERSION = 1
 RECOMPUTE_MODULES = ("core_attn", "layernorm", "mlp", "moe", "moe_act", "shared_experts", "mla_up_proj")
 
 
-_FROZEN = ConfigDict(frozen=True, extra="forbid")
+# defer_build: the validators are built on first validation. The plan command builds none: the
+# search makes its plans with `trusted` (from already-checked axes) and dumps them with `plan_json`,
+# so it never pays for building a validator nor for Pydantic's plugin discovery (which imports
+# importlib.metadata and scans every installed distribution's entry points: ~40 ms, issue 15).
+_FROZEN = ConfigDict(frozen=True, extra="forbid", defer_build=True)
 
 
 class Recompute(BaseModel):
@@ -51,6 +56,14 @@ class Recompute(BaseModel):
         if unknown:
             raise ValueError(f"unknown recompute module(s) {unknown}; choose from {', '.join(RECOMPUTE_MODULES)}")
         return self
+
+    @classmethod
+    def trusted(cls, mode: RecomputeMode, modules: tuple[str, ...] = ("core_attn",),
+                num_layers: int | None = None) -> "Recompute":
+        """A Recompute from values already of the validated types and valid (known modules; the
+        search's own choices), built without the validator; equal to Recompute(...) of the same
+        values (tests/test_plan_trusted.py)."""
+        return cls.model_construct(mode=RecomputeMode(mode), modules=modules, num_layers=num_layers)
 
     def label(self) -> str:
         if self.mode == RecomputeMode.SELECTIVE:
@@ -115,6 +128,23 @@ class ParallelPlan(BaseModel):
             data = {**data, "overlap_param_gather": not isinstance(zero, int) or isinstance(zero, bool) or zero >= 1}
         return data
 
+    @classmethod
+    def trusted(cls, **fields: Any) -> "ParallelPlan":
+        """A plan from axes the search generated and checked (every value already of its validated
+        type and in range: ints, enum members, a trusted Recompute), built without the validator;
+        absent fields take their defaults, as in validation. Equal to ParallelPlan(**fields) on
+        every candidate of several search spaces (tests/test_plan_trusted.py)."""
+        return cls.model_construct(**cls._default_param_gather(fields))
+
+    def plan_json(self) -> dict[str, Any]:
+        """model_dump(mode="json") without Pydantic's serializer (so without building it): fields
+        in declaration order, enums as their values, tuples as lists, recompute as a dict. Equal to
+        model_dump(mode="json") on every candidate of several search spaces (tests/test_plan_trusted.py)."""
+        out: dict[str, Any] = {}
+        for name in type(self).model_fields:
+            out[name] = _json_value(getattr(self, name))
+        return out
+
     @property
     def expert_tp(self) -> int:
         return self.etp if self.etp is not None else self.tp
@@ -145,6 +175,17 @@ class ParallelPlan(BaseModel):
         if self.ep > 1:
             parts.append(f"ep{self.ep}")
         return "·".join(parts)
+
+
+def _json_value(v: Any) -> Any:
+    """One field value as model_dump(mode="json") writes it (the types ParallelPlan's fields hold)."""
+    if isinstance(v, Recompute):
+        return {"mode": v.mode.value, "modules": list(v.modules), "num_layers": v.num_layers}
+    if isinstance(v, tuple):
+        return [_json_value(x) for x in v]
+    if isinstance(v, Enum):
+        return v.value
+    return v
 
 
 def plan_violations(plan: ParallelPlan, num_gpus: int, num_layers: int, num_heads: int, num_kv_heads: int,

@@ -68,7 +68,7 @@ from autopar.search.space import as_plan
 from autopar.search.summation import pairwise_sum, prefix_sums
 
 MODES = tuple(RecomputeMode)
-NO_RECOMPUTE = Recompute(mode=RecomputeMode.NONE)
+NO_RECOMPUTE = Recompute.trusted(RecomputeMode.NONE)
 
 
 def _with(plan, **fields):
@@ -183,7 +183,7 @@ def layer_table(graph: ModelGraph, cluster: Cluster, plan: ParallelPlan, p: Cost
         costs = [layer_cost(layer, st.split, st.spans, cluster, p, plan.tp_comm_overlap) for layer in kinds]
 
     def memory_columns() -> MemoryColumns:
-        mode_plans = {m: plan.model_copy(update={"recompute": Recompute(mode=m, modules=modules)}) for m in MODES}
+        mode_plans = {m: plan.model_copy(update={"recompute": Recompute.trusted(m, modules)}) for m in MODES}
         acts = {m: [stage_activation_bytes([layer], mp, st.split.tokens) for layer in kinds]
                 for m, mp in mode_plans.items()}  # (saved, work) per kind
         params = [stage_params([layer], plan, False, graph.layers[0])[:2] for layer in kinds]

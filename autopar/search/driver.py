@@ -426,10 +426,10 @@ def _refine(spec: SpaceSpec, pricer: Pricer, walk: _Walk, memory_margin: float, 
 def _worth_refining(plan: ParallelPlan, pricer: Pricer, walk: _Walk) -> bool:
     """Its bound without recompute beats the K-th best, and its first and last ranks fit with full
     recompute of every layer (the least memory any recompute choice reaches)."""
-    none = plan.model_copy(update={"recompute": Recompute(mode=RecomputeMode.NONE)})
+    none = plan.model_copy(update={"recompute": Recompute.trusted(RecomputeMode.NONE)})
     if pricer.time_lower_bound_s(none) > walk.kth_s:
         return False
-    full = plan.model_copy(update={"recompute": Recompute(mode=RecomputeMode.FULL)})
+    full = plan.model_copy(update={"recompute": Recompute.trusted(RecomputeMode.FULL)})
     return (pricer.quick_memory_lower_bound_bytes(full) <= walk.capacity_bytes
             and pricer.rank_memory_lower_bound_bytes(full) <= walk.capacity_bytes
             and pricer.memory_lower_bound_bytes(full) <= walk.capacity_bytes)
@@ -465,7 +465,7 @@ def _uniform_if_whole(r: Recompute, counts: tuple[int, ...]) -> Recompute:
     """full(K) with K at least every virtual stage's layer count recomputes every layer: the same
     run as plain full (Megatron's --recompute-num-layers covers the whole stage), so one plan."""
     if r.mode == RecomputeMode.FULL and r.num_layers is not None and r.num_layers >= max(counts):
-        return Recompute(mode=RecomputeMode.FULL, modules=r.modules)
+        return Recompute.trusted(RecomputeMode.FULL, r.modules)
     return r
 
 

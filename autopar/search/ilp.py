@@ -54,7 +54,7 @@ from dataclasses import dataclass
 from itertools import product
 
 from autopar.errors import NoFeasiblePlanError
-from autopar.schema.plan import Recompute
+from autopar.schema.plan import Recompute, RecomputeMode
 from autopar.search.summation import pairwise_sum
 from autopar.units import GiB
 
@@ -99,11 +99,11 @@ class RecomputeSolution:
     def to_recompute(self) -> Recompute:
         """The cost model's uniform setting for this solution (see the module docstring)."""
         if any(self.full):
-            return Recompute(mode="full", num_layers=max(-(-(f + s) // self.vpp)
-                                                         for f, s in zip(self.full, self.selective)))
+            return Recompute.trusted(RecomputeMode.FULL, num_layers=max(-(-(f + s) // self.vpp)
+                                                                        for f, s in zip(self.full, self.selective)))
         if any(self.selective):
-            return Recompute(mode="selective", modules=("core_attn",))
-        return Recompute(mode="none")
+            return Recompute.trusted(RecomputeMode.SELECTIVE, ("core_attn",))
+        return Recompute.trusted(RecomputeMode.NONE)
 
 
 class RecomputeModel:
