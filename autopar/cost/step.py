@@ -196,6 +196,7 @@ class StepMemo:
         self._key_to_ranks: dict[tuple, list[list[list[Layer]]]] = {}
         self._id_to_signature: dict[int, tuple[list, tuple]] = {}
         self._key_to_costs: dict[tuple, tuple[int, dict[str, LayerCost]]] = {}
+        self._id_to_firsts: dict[int, tuple[list, list[Layer]]] = {}
         self._key_to_stage: dict[tuple, object] = {}
         self._key_to_flops: dict[tuple, float] = {}
         self._id_to_layer_memos: dict[int, tuple[CostParams, tuple[dict, dict]]] = {}
@@ -269,9 +270,21 @@ class StepMemo:
         hit = self._key_to_costs.get(key) if self.reuse else None
         if hit is None:  # the key stands in later keys as a small number (hashing a Split is not free)
             memos = self._layer_memos(p) if self.reuse else None
-            hit = self._key_to_costs[key] = (len(self._key_to_costs), layer_costs(stages, st, self.cluster, p, plan,
-                                                                                  memos))
+            hit = self._key_to_costs[key] = (len(self._key_to_costs), layer_costs([self._firsts(stages)], st,
+                                                                                  self.cluster, p, plan, memos))
         return hit
+
+    def _firsts(self, stages: list[list[Layer]]) -> list[Layer]:
+        """The first layer of each _layer_key in the stages, in order: all layer_costs reads of
+        them (kept for the stage lists `stages` returns; a search prices ~10^3 splits of one)."""
+        hit = self._id_to_firsts.get(id(stages))
+        if hit is None or hit[0] is not stages:
+            firsts: dict[str, Layer] = {}
+            for stage in stages:
+                for layer in stage:
+                    firsts.setdefault(_layer_key(layer), layer)
+            hit = self._id_to_firsts[id(stages)] = (stages, list(firsts.values()))
+        return hit[1]
 
     def _layer_memos(self, p: CostParams) -> tuple[dict, dict]:
         """The (GEMM times, expert-blind layer costs) dicts of one cost-model view (for_framework
