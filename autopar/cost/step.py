@@ -651,7 +651,8 @@ def _summarize(graph: ModelGraph, cluster: Cluster, plan: ParallelPlan, st: Step
     n = cluster.num_gpus
     tokens = plan.global_batch * plan.seq_len
     model_flops = memo.flops((plan.seq_len,), lambda: graph.model_flops_per_token(plan.seq_len, causal=True)) * tokens
-    recompute_flops = memo.flops((*memo.plan_fields(plan), plan.pp, plan.vpp),
+    r = plan.recompute  # _recompute_flops reads only these
+    recompute_flops = memo.flops(("recompute", plan.seq_len, r.mode, r.modules, r.num_layers, plan.pp, plan.vpp),
                                  lambda: _recompute_flops(graph, plan)) * tokens
     peak_row = max(stage_rows, key=lambda row: row.memory_bytes)
     capacity = cluster.hbm_bytes
