@@ -1,5 +1,5 @@
 """`python -m autopar` runs the CLI."""
 
-from autopar.cli import main
+from autopar.cli import entry
 
-main()
+entry()

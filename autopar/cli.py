@@ -784,8 +784,33 @@ def lazy_command(typer_app: typer.Typer = app) -> Any:
     return group
 
 
+def entry() -> None:
+    """The `autopar` program (console script and `python -m autopar`): `main`, then its exit status
+    without tearing the interpreter down. A search leaves ~10^5 small objects behind, and the
+    interpreter's final collection and module teardown took ~0.1 s of every `plan` process (a
+    tenth of its wall time) to free memory the OS reclaims at once. Everything the commands write
+    goes through closed files (autopar.io); standard output and error are flushed here. A library
+    caller (or a test) calls `main`, which exits through SystemExit as usual."""
+    try:
+        main()
+        code = 0
+    except SystemExit as e:
+        code = e.code
+    if code is None:
+        code = 0
+    elif not isinstance(code, int):  # sys.exit("message"): the message on stderr, status 1
+        sys.stderr.write(f"{code}\n")
+        code = 1
+    for stream in (sys.stdout, sys.stderr):
+        try:
+            stream.flush()
+        except (OSError, ValueError):  # a closed pipe (`autopar ... | head`) or stream
+            pass
+    os._exit(code)
+
+
 def main() -> None:
-    """Console-script entry point."""
+    """Entry point of the CLI (exits through SystemExit; the program itself runs `entry`)."""
     _set_process_env_defaults()
     try:
         lazy_command()(standalone_mode=True)

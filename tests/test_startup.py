@@ -168,3 +168,21 @@ def test_option_values_are_read_without_typers_pydantic_adapters():
     loaded = _imported_by_command(["estimate", "llama3-8b", "-c", "dgx-h100", "-n", "8", "-b", "8", "--tp", "2",
                                    "--memory-margin", "0.2", "--recompute", "full", "--sp", "--json"])
     assert "autopar.api" in loaded and "typer._adapters" not in loaded
+
+
+def test_program_exits_with_the_commands_status_without_teardown():
+    """`autopar` (console script and `python -m autopar`) runs `cli.entry`: the command's output and
+    exit status, then os._exit, skipping the interpreter's teardown (~0.1 s after a search): an
+    atexit handler does not run, yet everything printed arrives."""
+    probe = ("import atexit, sys\natexit.register(lambda: print('TEARDOWN'))\n"
+             "sys.argv = ['autopar', 'models', '--json']\nimport autopar.cli\nautopar.cli.entry()")
+    done = subprocess.run([sys.executable, "-c", probe], capture_output=True, text=True)
+    assert done.returncode == 0 and "TEARDOWN" not in done.stdout
+    assert json.loads(done.stdout)  # flushed whole before the exit
+    bad = subprocess.run([sys.executable, "-m", "autopar", "plan", "no-such-model", "--cluster", "dgx-h100", "--gpus",
+                          "8", "--global-batch", "8"], capture_output=True, text=True)
+    assert bad.returncode == 2 and bad.stderr.startswith("error: unknown model") and not bad.stdout
+    msg = subprocess.run([sys.executable, "-c", "import sys, autopar.cli\n"
+                          "autopar.cli.main = lambda: sys.exit('stop here')\nautopar.cli.entry()"],
+                         capture_output=True, text=True)
+    assert msg.returncode == 1 and msg.stderr == "stop here\n"
