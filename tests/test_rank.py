@@ -98,3 +98,17 @@ def test_plan_json_keeps_the_raw_ranking_and_marks_equivalence():
     fams = [(a["parallel"]["tp"], a["parallel"]["pp"], a["parallel"]["cp"], a["parallel"]["ep"],
              a["parallel"]["recompute"]["mode"]) for a in data["alternatives"]]
     assert len(set(fams)) == len(fams) == 4
+
+
+def test_band_pricing_stops_only_past_the_listed_rows():
+    """_price_equivalents skips a family only when the simplest row it can still reach is strictly
+    less simple than the top-th row known: an equally simple one may be faster (rows tie on
+    simplicity and are then ordered by time), and with fewer than `top` rows known nothing is skipped."""
+    from autopar.search.driver import _after_listed_rows
+
+    rows = [((1, False, 2, 0, 0), 10.0), ((1, False, 4, 0, 0), 9.0)]
+    assert not _after_listed_rows((1, False, 4, 0, 0), rows, top=2)  # equally simple: might be faster
+    assert _after_listed_rows((1, False, 8, 0, 0), rows, top=2)  # larger tp: after both rows
+    assert _after_listed_rows((2, False, 1, 0, 0), rows, top=2)  # more virtual stages
+    assert _after_listed_rows((1, False, 2, 1, 0), rows, top=1)  # selective after the top row's none
+    assert not _after_listed_rows((9, True, 8, 2, 10**9), rows, top=3)  # only 2 rows known of 3

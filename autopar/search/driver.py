@@ -291,7 +291,11 @@ def _price_equivalents(heap: list, pricer: Pricer, walk: _Walk, memory_margin: f
     or left on the heap with a bound inside the band are taken family by family in SIMPLICITY order; a family stops at its
     first plan that fits inside the band (after its equally simple ones, which may be faster), or
     at a plan less simple than one it already has inside the band. The fastest is final here: the
-    heap's bounds are past the K-th family's time, so nothing left can beat it."""
+    heap's bounds are past the K-th family's time, so nothing left can beat it.
+    Families go in order of the simplest row they can still reach; once `top` rows are known
+    (autopar.search.rank.distinct_rows lists `top`, in simplicity order, then time) a family that
+    can reach no row as simple as the top-th is not priced, nor is any after it: the listing is
+    that of pricing them all (tests/test_search.py checks it against brute force)."""
     if not walk.best:
         return
     edge = walk.best[0][0] * (1.0 + walk.band)
@@ -306,7 +310,19 @@ def _price_equivalents(heap: list, pricer: Pricer, walk: _Walk, memory_margin: f
         else:
             bound, _, key, draft = entry
             fam_to_pending.setdefault(family(draft), []).append((simplicity_key(draft), bound, key, draft))
-    for fam in sorted(fam_to_pending):
+    def row(fam: tuple) -> tuple | None:  # the family's listing row so far: its least (simplicity, time) in the band
+        inside = [(k, s) for k, s in walk.family_to_members.get(fam, ()) if s <= edge]
+        return min(inside) if inside else None
+
+    def reach(fam: tuple) -> tuple:  # the least simplicity its row can still take
+        now = row(fam)
+        pending = min(x[0] for x in fam_to_pending[fam])
+        return min(pending, now[0]) if now else pending
+
+    rows = sorted(r for fam in walk.family_to_members if fam not in fam_to_pending and (r := row(fam)) is not None)
+    for fam in sorted(fam_to_pending, key=lambda f: (reach(f), f)):
+        if _after_listed_rows(reach(fam), rows, walk.top):
+            break  # this family's row, and every later one's, would come after the top rows listed
         inside = [k for k, s in walk.family_to_members.get(fam, ()) if s <= edge]
         limit = min(inside) if inside else None  # simplest member already inside the band
         for simple, bound, key, draft in sorted(fam_to_pending[fam], key=lambda x: (x[0], x[1], x[2])):
@@ -315,6 +331,16 @@ def _price_equivalents(heap: list, pricer: Pricer, walk: _Walk, memory_margin: f
             est = _visit(draft, bound, key, pricer, walk, memory_margin)
             if est is not None and est.fits and est.step_time_s <= edge:
                 limit = simple if limit is None else min(limit, simple)
+        if (r := row(fam)) is not None:
+            bisect.insort(rows, r)
+
+
+def _after_listed_rows(reach: tuple, rows: list[tuple], top: int) -> bool:
+    """Whether a family whose listing row can be no simpler than `reach` (a simplicity key) comes
+    after the `top` rows listed, given the known rows (sorted (simplicity key, time)): only when it
+    is strictly less simple than the top-th; an equally simple row is ordered by its time, which is
+    not known before it is priced (autopar.search.rank.distinct_rows)."""
+    return len(rows) >= top and reach > rows[top - 1][0]
 
 
 def _push_family(heap: list, fkey: tuple, family: tuple[dict, list], pricer: Pricer, walk: _Walk) -> None:
