@@ -295,7 +295,7 @@ def _price_equivalents(heap: list, pricer: Pricer, walk: _Walk, memory_margin: f
     Families go in order of the simplest row they can still reach; once `top` rows are known
     (autopar.search.rank.distinct_rows lists `top`, in simplicity order, then time) a family that
     can reach no row as simple as the top-th is not priced, nor is any after it: the listing is
-    that of pricing them all (tests/test_search.py checks it against brute force)."""
+    that of pricing them all (tests/test_rank.py checks it against brute force)."""
     if not walk.best:
         return
     edge = walk.best[0][0] * (1.0 + walk.band)
@@ -320,11 +320,12 @@ def _price_equivalents(heap: list, pricer: Pricer, walk: _Walk, memory_margin: f
         return min(pending, now[0]) if now else pending
 
     rows = sorted(r for fam in walk.family_to_members if fam not in fam_to_pending and (r := row(fam)) is not None)
-    for fam in sorted(fam_to_pending, key=lambda f: (reach(f), f)):
-        if _after_listed_rows(reach(fam), rows, walk.top):
+    fam_to_reach = {fam: reach(fam) for fam in fam_to_pending}  # pricing one family changes no other's
+    for fam in sorted(fam_to_pending, key=lambda f: (fam_to_reach[f], f)):
+        if _after_listed_rows(fam_to_reach[fam], rows, walk.top):
             break  # this family's row, and every later one's, would come after the top rows listed
-        inside = [k for k, s in walk.family_to_members.get(fam, ()) if s <= edge]
-        limit = min(inside) if inside else None  # simplest member already inside the band
+        now = row(fam)
+        limit = now[0] if now else None  # simplest member already inside the band
         for simple, bound, key, draft in sorted(fam_to_pending[fam], key=lambda x: (x[0], x[1], x[2])):
             if limit is not None and simple > limit:
                 break
