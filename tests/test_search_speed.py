@@ -110,6 +110,27 @@ def test_valid_bases_carry_every_candidate():
     assert len(drafts) == 3 * len(bases)  # none, selective, full: each valid for every base under Megatron
 
 
+def test_expert_blind_resets_only_the_expert_fields():
+    """expert_blind builds its Split field by field (positionally): equal to dataclasses.replace of
+    the expert fields on a Split whose every field differs from its default and from the reset."""
+    from dataclasses import fields, replace
+
+    from autopar.cost import comm
+    from autopar.cost.layer import Spans, Split, expert_blind
+
+    values = {"tp": 2, "sp": True, "cp": 4, "ep": 8, "etp": 2, "tokens": 1024.0, "seq_len": 8192, "hidden": 4096,
+              "peak_flops": 9.89e14, "moe_load": 1.3, "cp_comm_type": "a2a", "moe_dispatcher": "allgather",
+              "attn_peak_flops": 9.0e14, "attention_kernel": "cudnn", "cp_ring": "torch", "cp_repeats_kv_heads": True,
+              "cp_comm_overlapped": False}
+    assert set(values) == {f.name for f in fields(Split)}  # a new field must be added here and in expert_blind
+    s = Split(**values)
+    assert all(getattr(s, f.name) != f.default for f in fields(Split))
+    span = comm.GroupSpan(8, 8, 1)
+    blind, spans = expert_blind(s, Spans(span, span, span, span))
+    assert blind == replace(s, ep=1, etp=1, moe_load=1.0, moe_dispatcher="alltoall")
+    assert spans == Spans(span, span, comm.GroupSpan(1, 1, 1), comm.GroupSpan(1, 1, 1))
+
+
 @pytest.mark.parametrize("case", CASES[:3], ids=["llama3-70b", "deepseek-v3", "qwen3"])
 def test_layers_without_experts_cost_the_same_under_every_expert_layout(case):
     """layer.expert_blind: a layer without experts reads no expert-parallel field, so its cost on a
@@ -130,3 +151,26 @@ def test_layers_without_experts_cost_the_same_under_every_expert_layout(case):
                                                                                          overlap)
             checked += st.split.ep > 1 or st.split.moe_load != 1.0
     assert checked > 0 or g.spec.moe is None
+
+
+def test_cached_property_computes_once_per_instance_on_a_frozen_dataclass():
+    from dataclasses import dataclass
+
+    from autopar.caching import cached_property
+
+    calls = []
+
+    @dataclass(frozen=True)
+    class Box:
+        x: int
+
+        @cached_property
+        def double(self) -> int:
+            """Twice x."""
+            calls.append(self.x)
+            return 2 * self.x
+
+    a, b = Box(3), Box(4)
+    assert (a.double, a.double, b.double, a.double) == (6, 6, 8, 6)
+    assert calls == [3, 4]
+    assert isinstance(Box.double, cached_property) and Box.double.__doc__ == "Twice x."

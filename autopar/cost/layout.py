@@ -23,8 +23,9 @@ from __future__ import annotations
 
 import math
 from dataclasses import dataclass
-from functools import cached_property, lru_cache
+from functools import lru_cache
 
+from autopar.caching import cached_property
 from autopar.cost import comm, memory
 from autopar.cost.layer import Spans
 from autopar.hardware import Cluster

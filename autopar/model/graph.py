@@ -28,8 +28,8 @@ Conventions
 from __future__ import annotations
 
 from dataclasses import dataclass, field, replace
-from functools import cached_property
 
+from autopar.caching import cached_property
 from autopar.schema.model import ModelSpec
 
 BYTES_16BIT = 2
@@ -197,6 +197,21 @@ class ModelGraph:
         model reads of them is the same: autopar.cost.step.StepMemo shares their results)."""
         class_of: dict[Layer, int] = {}
         return tuple(class_of.setdefault(replace(x, index=0, name=""), len(class_of)) for x in self.layers)
+
+    @cached_property
+    def cost_kinds(self) -> tuple[tuple[Layer, ...], tuple[int, ...]]:
+        """One layer of each cost kind, in graph order (all dense decoders cost alike, all MoE
+        decoders alike, the other layers each its own by name), and each layer's kind index."""
+        kind_to_index: dict[str, int] = {}
+        kinds: list[Layer] = []
+        index = []
+        for layer in self.layers:
+            key = layer.kind if layer.kind in ("dense", "moe") else layer.name
+            if key not in kind_to_index:
+                kind_to_index[key] = len(kinds)
+                kinds.append(layer)
+            index.append(kind_to_index[key])
+        return tuple(kinds), tuple(index)
 
     @property
     def decoder_layers(self) -> tuple[Layer, ...]:

@@ -37,10 +37,11 @@ from __future__ import annotations
 
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
-from functools import cached_property, reduce
+from functools import reduce
 from itertools import compress
 from operator import add, itemgetter, sub
 
+from autopar.caching import cached_property
 from autopar.cost import comm, memory
 from autopar.cost.layer import BF16_BYTES, layer_cost
 from autopar.cost.frameworks import framework_profile
@@ -160,15 +161,7 @@ def layer_table(graph: ModelGraph, cluster: Cluster, plan: ParallelPlan, p: Cost
     policy = framework_profile(plan.framework, plan.framework_release).selective_policy
     st = setup(graph, cluster, plan, p)
     modules = split_key(plan)[-1]
-    kind_to_index: dict[str, int] = {}
-    kinds: list = []  # one representative layer per kind
-    index = []
-    for layer in graph.layers:
-        key = layer.kind if layer.kind in ("dense", "moe") else layer.name
-        if key not in kind_to_index:
-            kind_to_index[key] = len(kinds)
-            kinds.append(layer)
-        index.append(kind_to_index[key])
+    kinds, index = graph.cost_kinds  # one representative layer per kind; each layer's kind
     dec = [layer.kind in ("dense", "moe") for layer in kinds]
 
     at_layers = itemgetter(*index) if len(index) > 1 else (lambda per_kind: (per_kind[index[0]],))
