@@ -174,3 +174,18 @@ def test_cached_property_computes_once_per_instance_on_a_frozen_dataclass():
     assert (a.double, a.double, b.double, a.double) == (6, 6, 8, 6)
     assert calls == [3, 4]
     assert isinstance(Box.double, cached_property) and Box.double.__doc__ == "Twice x."
+
+
+@pytest.mark.parametrize("case", CASES, ids=["llama3-70b", "deepseek-v3", "qwen3", "torchtitan", "deepspeed"])
+def test_tables_sharing_memory_entries_equal_tables_built_alone(case):
+    """layer_table's columns_memo (memory entries shared by splits that differ only in ep) gives
+    the very columns a table built without it has, for the same plans and the same plans at every ep."""
+    from autopar.search.costs import layer_table
+
+    g, c, p, plans = _plans(*case, count=25)
+    shared: dict = {}
+    variants = [x for plan in plans for x in (plan, plan.model_copy(update={"ep": 1}))]
+    for plan in variants:
+        alone = layer_table(g, c, plan, p).memory
+        assert layer_table(g, c, plan, p, columns_memo=shared).memory == alone
+    assert len(shared) < len(variants)  # entries were shared

@@ -152,10 +152,12 @@ def split_key(plan: ParallelPlan) -> tuple:
 
 
 def layer_table(graph: ModelGraph, cluster: Cluster, plan: ParallelPlan, p: CostParams,
-                memo: StepMemo | None = None) -> LayerTable:
+                memo: StepMemo | None = None, columns_memo: dict | None = None) -> LayerTable:
     """The table of `plan`'s split, from the estimate's per-layer functions (one row per layer
     kind, spread over the graph's layers). `memo`: the StepMemo of (graph, cluster, p) whose layer
-    costs the estimates of this split then reuse."""
+    costs the estimates of this split then reuse. `columns_memo`: a dict kept for `graph`, holding
+    each kind's memory entries by every plan field they read (splits that differ only in ep share
+    them: no activation or dense parameter depends on it)."""
     base_p = p
     p = for_framework(p, plan.framework)
     policy = framework_profile(plan.framework, plan.framework_release).selective_policy
@@ -176,9 +178,17 @@ def layer_table(graph: ModelGraph, cluster: Cluster, plan: ParallelPlan, p: Cost
         costs = [layer_cost(layer, st.split, st.spans, cluster, p, plan.tp_comm_overlap) for layer in kinds]
 
     def memory_columns() -> MemoryColumns:
-        mode_plans = {m: plan.model_copy(update={"recompute": Recompute.trusted(m, modules)}) for m in MODES}
-        acts = {m: [stage_activation_bytes([layer], mp, st.split.tokens) for layer in kinds]
-                for m, mp in mode_plans.items()}  # (saved, work) per kind
+        # every plan field stage_activation_bytes and stage_params read, and the tokens
+        reads = (plan.seq_len, plan.tp, plan.sequence_parallel, plan.expert_tp, plan.precision, plan.framework,
+                 plan.framework_release, modules, st.split.tokens)
+        hit = columns_memo.get(reads) if columns_memo is not None else None
+        if hit is None:
+            mode_plans = {m: plan.model_copy(update={"recompute": Recompute.trusted(m, modules)}) for m in MODES}
+            hit = {m: [stage_activation_bytes([layer], mp, st.split.tokens) for layer in kinds]
+                   for m, mp in mode_plans.items()}  # (saved, work) per kind
+            if columns_memo is not None:
+                columns_memo[reads] = hit
+        acts = hit
         params = [stage_params([layer], plan, False, graph.layers[0])[:2] for layer in kinds]
         return MemoryColumns(params_dense=spread([float(d) for d, _ in params]),
                              params_expert=spread([float(e) for _, e in params]),
@@ -208,6 +218,7 @@ class Pricer:
         self._key_to_prefixes: dict[tuple, object] = {}  # keyed by id(table): tables live as long as the Pricer
         self._key_to_cuts: dict[tuple, tuple[tuple[int, ...], itemgetter]] = {}
         self._key_to_columns: dict[tuple, tuple] = {}
+        self._key_to_columns_memo: dict[tuple, dict] = {}  # layer_table's memory entries, shared across ep
         self._key_to_floor: dict[tuple, float] = {}
         self.memo = StepMemo(graph, cluster, p)  # the estimates of this search share it
 
@@ -225,7 +236,8 @@ class Pricer:
         key = key or split_key(plan)
         hit = self._key_to_table.get(key)
         if hit is None:
-            hit = self._key_to_table[key] = layer_table(self.graph, self.cluster, as_plan(plan), self.p, self.memo)
+            hit = self._key_to_table[key] = layer_table(self.graph, self.cluster, as_plan(plan), self.p, self.memo,
+                                                        self._key_to_columns_memo)
         return hit
 
     def time_lower_bound_s(self, plan: ParallelPlan) -> float:

@@ -118,6 +118,7 @@ class _Walk:
     family_to_members: dict[tuple, list[tuple[tuple, float]]] = field(default_factory=dict)  # (simplicity, s)
     visited: list[tuple[float, tuple, object]] = field(default_factory=list)  # (bound, key, Draft or plan)
     shortfalls: list[tuple[float, object, bool]] = field(default_factory=list)  # (bytes over, Draft or plan, exact)
+    dropped: list[tuple[float, dict]] = field(default_factory=list)  # (bytes over, prefixes) of families dropped whole
     seen: set = field(default_factory=set)
     scored: int = 0
     feasible: int = 0
@@ -139,6 +140,12 @@ class _Walk:
         self.family_to_members.setdefault(fam, []).append((simplicity_key(plan), est.step_time_s))
         times = sorted(self.family_to_s.values())
         self.kth_s = times[self.top - 1] if len(times) >= self.top else math.inf
+
+    def all_shortfalls(self) -> list[tuple[float, object, bool]]:
+        """`shortfalls` and every member of the families dropped whole (listed only when asked:
+        the walk needs them only when nothing fits)."""
+        return self.shortfalls + [(over, with_recompute(d, r), False) for over, prefixes in self.dropped
+                                  for bases in prefixes.values() for d, recomputes in bases for r in recomputes]
 
     def can_defer(self, plan, bound: float) -> bool:
         """Pricing `plan` (time ≥ bound) now can change neither the raw top K (bound past its
@@ -350,10 +357,10 @@ def _push_family(heap: list, fkey: tuple, family: tuple[dict, list], pricer: Pri
     prefixes, largest = family
     low = pricer.states_lower_bound_bytes(_largest_mbs(largest))  # ≤ every member's (fewest microbatches)
     if low > walk.capacity_bytes:  # no micro batch, vpp, recompute or split makes it fit
-        members = [with_recompute(d, r) for bases in prefixes.values() for d, recomputes in bases for r in recomputes]
-        walk.pruned_memory += len(members)
-        walk.pruned_memory_early += len(members)
-        walk.shortfalls.extend((low - walk.capacity_bytes, plan, False) for plan in members)
+        count = sum(len(recomputes) for bases in prefixes.values() for _, recomputes in bases)
+        walk.pruned_memory += count
+        walk.pruned_memory_early += count
+        walk.dropped.append((low - walk.capacity_bytes, prefixes))
         return
     plan = _largest_mbs(largest)
     heapq.heappush(heap, (pricer.family_bound_s(plan, [prefix[-1] for prefix in prefixes]), FAMILY, fkey, prefixes))
@@ -435,7 +442,7 @@ def _refine(spec: SpaceSpec, pricer: Pricer, walk: _Walk, memory_margin: float, 
     if walk.best:
         pool = [x for _, _, x in walk.visited if x.recompute.mode != RecomputeMode.FULL]  # drafts or plans
     else:  # nothing fits yet: try the candidates closest to fitting
-        pool = [x for _, x, _ in sorted(walk.shortfalls, key=lambda t: (t[0], plan_key(t[1])))]
+        pool = [x for _, x, _ in sorted(walk.all_shortfalls(), key=lambda t: (t[0], plan_key(t[1])))]
     limit, done = max(REFINE_POOL, walk.top), 0
     for draft in pool:
         if done >= limit:
@@ -521,7 +528,7 @@ def _nothing_fits_message(spec: SpaceSpec, pricer: Pricer, walk: _Walk, memory_m
     # Best-first over lower bounds: a bound is re-priced exactly only while it could still beat the
     # best exact shortfall found, so the plan named is the true closest among those visited.
     best: tuple[float, tuple, ParallelPlan] | None = None
-    for short, plan, is_exact in sorted(walk.shortfalls, key=lambda t: (t[0], plan_key(t[1]))):
+    for short, plan, is_exact in sorted(walk.all_shortfalls(), key=lambda t: (t[0], plan_key(t[1]))):
         key = plan_key(plan)
         if best is not None and (short, key) >= best[:2]:
             break
