@@ -277,12 +277,13 @@ class Pricer:
         provisional bound is reached."""
         ranks = self._rank_times(largest)
         dp = self.layout(largest).dp
-        zeros = [0.0] * len(ranks)
+        slowest = max(ranks)
+        rest = sum(ranks) - slowest
         out = []
         for plan in members:
-            scale = plan.mbs / largest.mbs
             m = plan.global_batch // (dp * plan.mbs)  # = the plan's Layout.num_microbatches
-            pipe, _ = pipeline_step_s([t * scale for t in ranks], zeros, m, plan.vpp, 0.0)
+            # pipeline_step_s of the scaled ranks, m · max + (Σ − max) / vpp, scaled after the sums
+            pipe = (m * slowest + rest / plan.vpp) * (plan.mbs / largest.mbs)
             out.append(with_dp_floor_s(pipe, self.dp_floor_s(plan)) * (1.0 - 1e-12))  # rounding: below the exact
         return out
 

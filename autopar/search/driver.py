@@ -127,6 +127,7 @@ class _Walk:
     pruned_memory: int = 0
     pruned_memory_early: int = 0  # of pruned_memory: whole families dropped before any time bound
     kth_s: float = math.inf
+    pushes: int = 0  # provisional entries pushed (their heap key)
     deferred: list[tuple] = field(default_factory=list)  # heap entries left for the band (can_defer)
 
     def add(self, plan: ParallelPlan, est: Estimate) -> None:
@@ -287,9 +288,12 @@ def _expand(heap: list, entry: tuple, pricer: Pricer, walk: _Walk) -> None:
         heapq.heappush(heap, (pricer.time_lower_bound_s(largest), PLAN, plan_key(largest), largest))
         others = [plan for plan in item if plan is not largest]
         for plan, bound in zip(others, pricer.member_bounds_s(others, largest)):
-            heapq.heappush(heap, (bound, PLAN_PROVISIONAL, plan_key(plan), plan))
+            # a provisional entry's key only orders provisional entries (a number, in push order); the
+            # plan's exact entry carries its plan_key, computed for the fraction ever popped
+            walk.pushes += 1
+            heapq.heappush(heap, (bound, PLAN_PROVISIONAL, walk.pushes, plan))
     else:
-        heapq.heappush(heap, (pricer.time_lower_bound_s(item), PLAN, key, item))
+        heapq.heappush(heap, (pricer.time_lower_bound_s(item), PLAN, plan_key(item), item))
 
 
 def _price_equivalents(heap: list, pricer: Pricer, walk: _Walk, memory_margin: float) -> None:
