@@ -120,5 +120,5 @@ def test_torchtitan_cp8_layer_pays_gather_dkv_and_merges():
     assert cost.cp_comm_fwd_s == pytest.approx(gather, rel=1e-12)
     assert cost.cp_comm_bwd_s == pytest.approx(gather + 8 * dkv, rel=1e-12)
     merge_fwd, _ = torch_ring_merge_s(LAYER, st.split, TITAN, P)
-    te = layer_cost(LAYER, replace(st.split, cp_ring="te"), st.spans, TITAN, P, False)
+    te = layer_cost(LAYER, st.split._replace(cp_ring="te"), st.spans, TITAN, P, False)
     assert cost.fwd_compute_s - te.fwd_compute_s == pytest.approx(merge_fwd, rel=1e-9)

@@ -24,6 +24,32 @@ def _mixtral_plan(**kw) -> ParallelPlan:
                            "recompute": {"mode": "full"}, **kw})
 
 
+@pytest.mark.parametrize("model, framework", [("mixtral-8x7b", "megatron"), ("llama3-8b", "torchtitan"),
+                                              ("llama3-8b", "deepspeed")])
+def test_layout_build_equals_the_dataclass_constructor(model, framework):
+    """Layout.build fills the instance dict directly: the same fields and values (and equality,
+    hash and cached properties) as the dataclass's own __init__, on every candidate of a MoE space."""
+    from dataclasses import fields
+
+    graph, cluster, _ = load_inputs(model, "dgx-h100", 32)
+    plans = candidates(space_spec_for(graph, cluster, 4096, 256, framework=framework))[::37][:300]
+    assert plans
+    names = [f.name for f in fields(Layout)]
+    for plan in plans + [plans[0].model_copy(update={"zero_shard_size": 2, "layers_per_stage": None})]:
+        built = Layout.of(plan, cluster, graph)
+        dp = plan.dp_for(cluster.num_gpus)
+        reference = Layout(num_gpus=cluster.num_gpus, num_layers=graph.spec.num_layers,
+                           gpus_per_node=cluster.gpus_per_node, tp=plan.tp, pp=plan.pp, cp=plan.cp, ep=plan.ep,
+                           etp=plan.expert_tp, vpp=plan.vpp, dp=dp, num_microbatches=plan.num_microbatches(cluster.num_gpus),
+                           dp_shard=plan.zero_shard_size or dp, zero=plan.zero, layers_per_stage=plan.layers_per_stage,
+                           tied_embedding_copy=graph.spec.tie_embeddings and plan.pp > 1 and plan.framework == "megatron",
+                           framework=plan.framework)
+        assert list(built.__dict__) == names
+        assert built == reference and hash(built) == hash(reference)
+        assert (built.stage_counts, built.inflight, built.dp_span) == (reference.stage_counts, reference.inflight,
+                                                                       reference.dp_span)
+
+
 def test_layout_of_mixtral_on_32_h100_by_hand():
     # 32 GPUs = tp4 · pp2 · dp4; experts re-slice them as etp1 · ep2 · edp8 · pp2 (Megatron's expert
     # data-parallel group: 32 / (1·2·2) = 8).

@@ -15,15 +15,15 @@ NCCL protocol switches (LL/LL128/Simple) except through the fitted message-size 
 from __future__ import annotations
 
 import math
-from dataclasses import dataclass
+from typing import NamedTuple
 
 from autopar.cost.params import CostParams
 from autopar.hardware import Cluster
 
 
-@dataclass(frozen=True, slots=True)
-class GroupSpan:
-    """A process group's placement: its size, ranks per node, and nodes spanned."""
+class GroupSpan(NamedTuple):
+    """A process group's placement: its size, ranks per node, and nodes spanned (a NamedTuple:
+    cheap to build and hash, see layer.Split)."""
 
     size: int
     ranks_per_node: int

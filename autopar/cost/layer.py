@@ -14,6 +14,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 from functools import lru_cache
+from typing import NamedTuple
 
 from autopar.cost import comm
 from autopar.cost.compute import attention_time_s, gemm_pass_bytes, gemm_time_s, memory_bound_time_s
@@ -35,9 +36,10 @@ OP_SAC = "op_sac"  # the selective policy of torchtitan (see autopar.cost.framew
 _TP_BLOCKS = {"dense": 2, "moe": 1, "mtp": 3, "head": 1, "embedding": 0.5}
 
 
-@dataclass(frozen=True, slots=True)
-class Split:
-    """The degrees and per-microbatch sizes a layer's cost depends on."""
+class Split(NamedTuple):
+    """The degrees and per-microbatch sizes a layer's cost depends on. A NamedTuple, not a frozen
+    dataclass: a search builds and hashes ~10^4 of them (the dataclass's field-by-field __init__
+    and __hash__ cost ~5 µs and ~1.5 µs each; a tuple's, a tenth)."""
 
     tp: int
     sp: bool
@@ -58,8 +60,9 @@ class Split:
     cp_comm_overlapped: bool = True  # torch ring: transfers hidden behind SDPA steps (False: waited where issued)
 
 
-@dataclass(frozen=True, slots=True)
-class Spans:
+class Spans(NamedTuple):
+    """The process groups a layer's tp / cp / ep / etp communication runs on."""
+
     tp: comm.GroupSpan
     cp: comm.GroupSpan
     ep: comm.GroupSpan
@@ -380,7 +383,7 @@ def expert_blind(s: Split, spans: Spans) -> tuple[Split, Spans]:
     expert layouts (autopar.cost.step.StepMemo)."""
     blind = Split(s.tp, s.sp, s.cp, 1, 1, s.tokens, s.seq_len, s.hidden, s.peak_flops, 1.0, s.cp_comm_type,
                   "alltoall", s.attn_peak_flops, s.attention_kernel, s.cp_ring, s.cp_repeats_kv_heads,
-                  s.cp_comm_overlapped)  # (dataclasses.replace, field by field, costs 4x: a search makes ~10^3)
+                  s.cp_comm_overlapped)  # (positional: _replace costs 3x, and a search makes ~10^3)
     return blind, Spans(spans.tp, spans.cp, _NO_GROUP, _NO_GROUP)
 
 

@@ -98,14 +98,21 @@ class Layout:
     @classmethod
     def build(cls, plan: ParallelPlan, num_gpus: int, gpus_per_node: int, num_layers: int,
               tie_embeddings: bool = False) -> "Layout":
-        """The layout from plain numbers (exporters have a plan file, not a loaded cluster)."""
-        dp = plan.dp_for(num_gpus)
-        return cls(num_gpus=num_gpus, num_layers=num_layers, gpus_per_node=gpus_per_node, tp=plan.tp, pp=plan.pp,
-                   cp=plan.cp, ep=plan.ep, etp=plan.expert_tp, vpp=plan.vpp, dp=dp,
-                   num_microbatches=plan.num_microbatches(num_gpus), dp_shard=plan.zero_shard_size or dp,
-                   zero=plan.zero, layers_per_stage=plan.layers_per_stage,
-                   tied_embedding_copy=tie_embeddings and plan.pp > 1 and plan.framework == Framework.MEGATRON,
-                   framework=plan.framework)
+        """The layout from plain numbers (exporters have a plan file, not a loaded cluster).
+
+        Built without the dataclass's frozen __init__ (one object.__setattr__ per field, ~5 µs; a
+        MoE search builds ~5·10^3 layouts): the fields go into the instance dict at once, as that
+        __init__ would leave them (tests/test_layout.py compares the two)."""
+        tp, pp, cp = plan.tp, plan.pp, plan.cp
+        dp = num_gpus // (tp * pp * cp)  # ParallelPlan.dp_for
+        layout = object.__new__(cls)
+        layout.__dict__.update(
+            num_gpus=num_gpus, num_layers=num_layers, gpus_per_node=gpus_per_node, tp=tp, pp=pp, cp=cp, ep=plan.ep,
+            etp=plan.expert_tp, vpp=plan.vpp, dp=dp, num_microbatches=plan.global_batch // (dp * plan.mbs),
+            dp_shard=plan.zero_shard_size or dp, zero=plan.zero, layers_per_stage=plan.layers_per_stage,
+            tied_embedding_copy=tie_embeddings and pp > 1 and plan.framework == Framework.MEGATRON,
+            framework=plan.framework)
+        return layout
 
     @cached_property
     def edp(self) -> int:

@@ -385,19 +385,31 @@ def _nest(bases: list, pricer: Pricer) -> tuple[dict[tuple, dict[tuple, tuple[di
     out: dict[tuple, dict[tuple, tuple[dict, list]]] = {}
     per_mbs = bool(pricer.p.gemm_table)
     total = 0
-    for d, recomputes in bases:  # hot loop: attributes inlined
-        tp, sp, etp = d.tp, d.sp, d.etp
-        lkey = (tp, d.cp, d.ep, tp if etp is None else etp, tp > 1 if sp is None else sp)
-        if per_mbs:
-            lkey += (d.mbs,)
-        fkey = lkey + (d.pp, d.zero)
-        families = out.setdefault(lkey, {})
-        family = families.get(fkey)
+    key_to_family: dict[tuple, tuple[dict, list]] = {}  # every layout's families in one dict
+    for entry in bases:  # hot loop: fields unpacked, keys built once
+        d, recomputes = entry
+        tp, pp, cp, ep, etp, vpp, mbs, zero, sp = d[:9]
+        if etp is None:
+            etp = tp
+        if sp is None:
+            sp = tp > 1
+        fkey = (tp, cp, ep, etp, sp, mbs, pp, zero) if per_mbs else (tp, cp, ep, etp, sp, pp, zero)
+        family = key_to_family.get(fkey)
         if family is None:
-            family = families[fkey] = ({}, [d, recomputes])  # (prefixes, first base with the largest mbs)
-        elif d.mbs > family[1][0].mbs:
-            family[1][:] = d, recomputes
-        family[0].setdefault(fkey + (d.vpp,), []).append((d, recomputes))
+            lkey = fkey[:-2]
+            families = out.get(lkey)
+            if families is None:
+                families = out[lkey] = {}
+            family = families[fkey] = key_to_family[fkey] = ({}, [d, recomputes])  # (prefixes, largest-mbs base)
+        elif mbs > family[1][0][6]:  # Draft field 6: mbs
+            family[1][:] = entry
+        prefixes = family[0]
+        prefix = fkey + (vpp,)
+        members = prefixes.get(prefix)
+        if members is None:
+            prefixes[prefix] = [entry]
+        else:
+            members.append(entry)
         total += len(recomputes)
     return out, total
 
