@@ -103,19 +103,21 @@ class LayerCost:
         return 0.0
 
 
-def _gemm_shape(g, s: Split) -> tuple[float, float, float, float]:
-    """(m, n, k, count) of one GEMM on one rank."""
-    if g.is_expert:
-        local_experts = max(g.num_experts // s.ep, 1)
-        routed = s.tokens / (s.tp if s.sp else 1) * g.tokens_per_token * s.moe_load
-        m = routed * s.etp / local_experts
-        n, k = (g.n / s.etp, g.k) if g.split == "expert_col" else (g.n, g.k / s.etp)
-        return m, n, k, local_experts
-    if g.split == "none":
-        return s.tokens / (s.tp if s.sp else 1), g.n, g.k, 1
-    if g.split == "row":
-        return s.tokens, g.n, g.k / s.tp, 1
-    return s.tokens, g.n / s.tp, g.k, 1  # col, vocab
+_ID_TO_GEMM_ROWS: dict[int, tuple[Layer, tuple]] = {}
+
+
+def _gemm_rows(layer: Layer) -> tuple[tuple[str, int, int, float, int, str], ...]:
+    """(split, n, k, tokens_per_token, num_experts, recompute module) of each of the layer's GEMMs,
+    what _compute reads of them, kept per layer object (a search prices each layer ~10^3 times)."""
+    hit = _ID_TO_GEMM_ROWS.get(id(layer))
+    if hit is None or hit[0] is not layer:
+        rows = tuple(((("expert_col" if g.split == "expert_col" else "expert_row") if g.is_expert else
+                       g.split if g.split in ("none", "row") else "col"), g.n, g.k, g.tokens_per_token,
+                      g.num_experts, _gemm_module(g.name)) for g in layer.gemms)
+        if len(_ID_TO_GEMM_ROWS) > 4096:  # layers of graphs no longer used
+            _ID_TO_GEMM_ROWS.clear()
+        hit = _ID_TO_GEMM_ROWS[id(layer)] = (layer, rows)
+    return hit[1]
 
 
 @lru_cache(maxsize=None)
@@ -144,8 +146,21 @@ def _compute(layer: Layer, s: Split, cluster: Cluster, p: CostParams,
     gemm_fwd = gemm_bwd = 0.0
     operand_bytes = 1.0 if s.attn_peak_flops and s.peak_flops > s.attn_peak_flops else float(BF16_BYTES)  # fp8 GEMMs
     hbm = cluster.hbm_bytes_per_s
-    for g in layer.gemms:
-        m, n, k, count = _gemm_shape(g, s)
+    tokens, tp, etp = s.tokens, s.tp, s.etp
+    sp_tokens = tokens / (tp if s.sp else 1)
+    # (m, n, k, count) of each GEMM on one rank: routed experts see the busiest rank's tokens over its
+    # local experts, ETP-split; replicated GEMMs see T/tp tokens under sp; row/col split k/n by tp
+    for split, gn, gk, per_token, experts, mod in _gemm_rows(layer):
+        if split == "expert_col" or split == "expert_row":
+            count = max(experts // s.ep, 1)
+            m = sp_tokens * per_token * s.moe_load * etp / count
+            n, k = (gn / etp, gk) if split == "expert_col" else (gn, gk / etp)
+        elif split == "none":
+            m, n, k, count = sp_tokens, gn, gk, 1
+        elif split == "row":
+            m, n, k, count = tokens, gn, gk / tp, 1
+        else:  # col, vocab
+            m, n, k, count = tokens, gn / tp, gk, 1
         if gemm_memo is None:
             t, t_bwd = gemm_pass_times_s(m, n, k, count, operand_bytes, s.peak_flops, hbm, p)
         else:
@@ -156,7 +171,6 @@ def _compute(layer: Layer, s: Split, cluster: Cluster, p: CostParams,
             t, t_bwd = hit
         gemm_fwd += t
         gemm_bwd += t_bwd
-        mod = _gemm_module(g.name)
         if mod:
             module_s[mod] = module_s.get(mod, 0.0) + t
     attn_flops = layer.attention_flops_per_token(s.seq_len, causal=True) * s.tokens / s.tp
