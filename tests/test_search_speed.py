@@ -187,3 +187,24 @@ def test_tables_sharing_memory_entries_equal_tables_built_alone(case):
         alone = layer_table(g, c, plan, p).memory
         assert layer_table(g, c, plan, p, columns_memo=shared).memory == alone
     assert len(shared) < len(variants)  # entries were shared
+
+
+@pytest.mark.parametrize("case", CASES[1:3], ids=["deepseek-v3", "qwen3"])
+def test_layer_costs_with_a_shared_memo_equal_costs_priced_afresh(case):
+    """layer_cost with one GEMM/attention memo shared across every split of a search (attention
+    and elementwise terms of an MoE layer kept per expert-blind split, GEMM times per shape) equals
+    layer_cost without a memo, bit for bit, on every layer kind."""
+    from autopar.cost.layer import layer_cost
+
+    g, c, p, plans = _plans(*case, count=40)
+    memo: dict = {}
+    kinds = {x.kind if x.kind in ("dense", "moe") else x.name: x for x in g.layers}.values()
+    hits = 0
+    for plan in plans + [plan.model_copy(update={"ep": 1}) for plan in plans]:
+        st = setup(g, c, plan, p)
+        for layer in kinds:
+            before = len(memo)
+            assert layer_cost(layer, st.split, st.spans, c, p, False, memo) == layer_cost(layer, st.split, st.spans,
+                                                                                         c, p, False)
+            hits += len(memo) == before
+    assert hits > 0

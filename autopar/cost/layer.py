@@ -173,6 +173,35 @@ def _compute(layer: Layer, s: Split, cluster: Cluster, p: CostParams,
         gemm_bwd += t_bwd
         if mod:
             module_s[mod] = module_s.get(mod, 0.0) + t
+    if gemm_memo is None or not layer.num_experts:
+        attn_fwd, attn_bwd, scores_s, ew_fwd, norm_s, act_s = _attention_and_elementwise_s(layer, s, cluster, p)
+    else:  # an MoE layer's: the same under every expert layout (expert_blind), kept in the caller's memo
+        key = ("attention", id(layer), expert_blind_split(s))
+        hit = gemm_memo.get(key)
+        if hit is None or hit[0] is not layer:
+            hit = gemm_memo[key] = (layer, _attention_and_elementwise_s(layer, s, cluster, p))
+        attn_fwd, attn_bwd, scores_s, ew_fwd, norm_s, act_s = hit[1]
+    module_s["layernorm"] = norm_s
+    for mod in ("mlp", "moe", "moe_act"):
+        if layer.kind in ("moe", "mtp") and mod != "mlp" or layer.kind == "dense" and mod == "mlp":
+            module_s[mod] = module_s.get(mod, 0.0) + act_s
+    module_s["core_attn"] = attn_fwd + scores_s
+    # torchtitan's per-op SAC recomputes every second matmul and all elementwise ops (norms,
+    # activation, rope), and keeps the SDPA output (autopar.cost.frameworks).
+    module_s[OP_SAC] = 0.5 * gemm_fwd + ew_fwd
+    permute = moe_permute_s(layer, s, cluster, p) + moe_sort_chunks_s(layer, s, cluster, p)
+    module_s["moe"] = module_s.get("moe", 0.0) + permute if layer.num_experts else module_s.get("moe", 0.0)
+    fwd = gemm_fwd + attn_fwd + scores_s + ew_fwd + permute
+    bwd = gemm_bwd + attn_bwd + 2.0 * (ew_fwd + scores_s) + permute
+    if layer.kind in ("dense", "moe", "mtp"):  # launch-bound floor: the GPU waits for the CPU
+        fwd, bwd = max(fwd, p.layer_launch_floor_s), max(bwd, 2.0 * p.layer_launch_floor_s)
+    return fwd, bwd, module_s
+
+
+def _attention_and_elementwise_s(layer: Layer, s: Split, cluster: Cluster, p: CostParams
+                                 ) -> tuple[float, float, float, float, float, float]:
+    """(attention forward, attention backward, unfused scores, elementwise forward, its norms'
+    share, its activation's share) seconds of one layer: no expert-parallel field enters."""
     attn_flops = layer.attention_flops_per_token(s.seq_len, causal=True) * s.tokens / s.tp
     unfused = layer.elementwise_bytes_per_token_per_seq_tp > 0
     # Under context parallelism each ring step runs one kernel on a seq/cp chunk of queries
@@ -190,22 +219,9 @@ def _compute(layer: Layer, s: Split, cluster: Cluster, p: CostParams,
     scores_bytes = layer.elementwise_bytes_per_token_per_seq_tp * layer.attended_keys(s.seq_len) * s.tokens / s.tp
     scores_s = memory_bound_time_s(scores_bytes, cluster.hbm_bytes_per_s, p)
     ew_fwd = memory_bound_time_s(ew_bytes_sp + ew_bytes_tp, cluster.hbm_bytes_per_s, p)
-    module_s["layernorm"] = ew_fwd * _NORM_SHARE_OF_SP_BYTES * ew_bytes_sp / max(ew_bytes_sp + ew_bytes_tp, 1.0)
+    norm_s = ew_fwd * _NORM_SHARE_OF_SP_BYTES * ew_bytes_sp / max(ew_bytes_sp + ew_bytes_tp, 1.0)
     act_s = ew_fwd * ew_bytes_tp / max(ew_bytes_sp + ew_bytes_tp, 1.0)
-    for mod in ("mlp", "moe", "moe_act"):
-        if layer.kind in ("moe", "mtp") and mod != "mlp" or layer.kind == "dense" and mod == "mlp":
-            module_s[mod] = module_s.get(mod, 0.0) + act_s
-    module_s["core_attn"] = attn_fwd + scores_s
-    # torchtitan's per-op SAC recomputes every second matmul and all elementwise ops (norms,
-    # activation, rope), and keeps the SDPA output (autopar.cost.frameworks).
-    module_s[OP_SAC] = 0.5 * gemm_fwd + ew_fwd
-    permute = moe_permute_s(layer, s, cluster, p) + moe_sort_chunks_s(layer, s, cluster, p)
-    module_s["moe"] = module_s.get("moe", 0.0) + permute if layer.num_experts else module_s.get("moe", 0.0)
-    fwd = gemm_fwd + attn_fwd + scores_s + ew_fwd + permute
-    bwd = gemm_bwd + attn_bwd + 2.0 * (ew_fwd + scores_s) + permute
-    if layer.kind in ("dense", "moe", "mtp"):  # launch-bound floor: the GPU waits for the CPU
-        fwd, bwd = max(fwd, p.layer_launch_floor_s), max(bwd, 2.0 * p.layer_launch_floor_s)
-    return fwd, bwd, module_s
+    return attn_fwd, attn_bwd, scores_s, ew_fwd, norm_s, act_s
 
 
 def moe_permute_s(layer: Layer, s: Split, cluster: Cluster, p: CostParams) -> float:
@@ -390,15 +406,19 @@ def _ep_comm(layer: Layer, s: Split, spans: Spans, cluster: Cluster, p: CostPara
 _NO_GROUP = comm.GroupSpan(1, 1, 1)
 
 
+def expert_blind_split(s: Split) -> Split:
+    """The split with expert parallelism reset (ep, etp, the MoE load, the dispatcher)."""
+    return Split(s.tp, s.sp, s.cp, 1, 1, s.tokens, s.seq_len, s.hidden, s.peak_flops, 1.0, s.cp_comm_type,
+                 "alltoall", s.attn_peak_flops, s.attention_kernel, s.cp_ring, s.cp_repeats_kv_heads,
+                 s.cp_comm_overlapped)  # (positional: _replace costs 3x, and a search makes ~10^3)
+
+
 def expert_blind(s: Split, spans: Spans) -> tuple[Split, Spans]:
     """The split and spans with expert parallelism reset (ep, etp, the MoE load, the dispatcher,
     their groups): no term of a layer without experts reads them (tests/test_search_speed.py
     checks equal costs on every split), so a search prices such a layer once for all its
     expert layouts (autopar.cost.step.StepMemo)."""
-    blind = Split(s.tp, s.sp, s.cp, 1, 1, s.tokens, s.seq_len, s.hidden, s.peak_flops, 1.0, s.cp_comm_type,
-                  "alltoall", s.attn_peak_flops, s.attention_kernel, s.cp_ring, s.cp_repeats_kv_heads,
-                  s.cp_comm_overlapped)  # (positional: _replace costs 3x, and a search makes ~10^3)
-    return blind, Spans(spans.tp, spans.cp, _NO_GROUP, _NO_GROUP)
+    return expert_blind_split(s), Spans(spans.tp, spans.cp, _NO_GROUP, _NO_GROUP)
 
 
 def layer_cost(layer: Layer, s: Split, spans: Spans, cluster: Cluster, p: CostParams, tp_overlap: bool,

@@ -186,7 +186,7 @@ class Layout:
                 return counts
         return stage_layer_counts(self.num_layers, self.pp * self.vpp)
 
-    @property
+    @cached_property
     def layer_spans(self) -> Spans:
         """The spans a layer's tp / cp / ep / etp communication runs on."""
         return Spans(tp=self.tp_span, cp=self.cp_span, ep=self.ep_span, etp=self.etp_span)
