@@ -208,3 +208,23 @@ def test_layer_costs_with_a_shared_memo_equal_costs_priced_afresh(case):
                                                                                          c, p, False)
             hits += len(memo) == before
     assert hits > 0
+
+
+@pytest.mark.parametrize("case", CASES, ids=["llama3-70b", "deepseek-v3", "qwen3", "torchtitan", "deepspeed"])
+def test_a_draft_reads_as_its_plan_and_tables_from_drafts_equal_tables_from_plans(case):
+    """Every ParallelPlan field reads the same on a search Draft as on the plan it becomes (the
+    fields the generators leave at their defaults are class attributes), and layer_table of the
+    Draft equals layer_table of the plan, time and memory columns."""
+    from autopar.schema.plan import ParallelPlan
+    from autopar.search.costs import layer_table
+
+    model, cluster, gpus, seq, gbs, framework = case
+    g, c = load_model(model), load_cluster(cluster, gpus)
+    p = resolve_cost_model(c, None)
+    drafts = random.Random(3).sample(candidate_drafts(space_spec_for(g, c, seq, gbs, framework=framework)), 12)
+    for d in drafts:
+        plan = d.to_plan()
+        for name in ParallelPlan.model_fields:
+            assert getattr(d, name) == getattr(plan, name), name
+        a, b = layer_table(g, c, d, p), layer_table(g, c, plan, p)
+        assert (a.fb_s, a.recompute_s, a.p2p_s, a.memory) == (b.fb_s, b.recompute_s, b.p2p_s, b.memory)

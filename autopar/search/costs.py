@@ -153,8 +153,8 @@ def split_key(plan: ParallelPlan) -> tuple:
 
 def layer_table(graph: ModelGraph, cluster: Cluster, plan: ParallelPlan, p: CostParams,
                 memo: StepMemo | None = None, columns_memo: dict | None = None) -> LayerTable:
-    """The table of `plan`'s split, from the estimate's per-layer functions (one row per layer
-    kind, spread over the graph's layers). `memo`: the StepMemo of (graph, cluster, p) whose layer
+    """The table of `plan`'s split (a ParallelPlan, or a search Draft: it reads as its plan), from
+    the estimate's per-layer functions (one row per layer kind, spread over the graph's layers). `memo`: the StepMemo of (graph, cluster, p) whose layer
     costs the estimates of this split then reuse. `columns_memo`: a dict kept for `graph`, holding
     each kind's memory entries by every plan field they read (splits that differ only in ep share
     them: no activation or dense parameter depends on it)."""
@@ -183,7 +183,7 @@ def layer_table(graph: ModelGraph, cluster: Cluster, plan: ParallelPlan, p: Cost
                  plan.framework_release, modules, st.split.tokens)
         hit = columns_memo.get(reads) if columns_memo is not None else None
         if hit is None:
-            mode_plans = {m: plan.model_copy(update={"recompute": Recompute.trusted(m, modules)}) for m in MODES}
+            mode_plans = {m: _with(plan, recompute=Recompute.trusted(m, modules)) for m in MODES}
             hit = {m: [stage_activation_bytes([layer], mp, st.split.tokens) for layer in kinds]
                    for m, mp in mode_plans.items()}  # (saved, work) per kind
             if columns_memo is not None:
@@ -236,8 +236,8 @@ class Pricer:
         key = key or split_key(plan)
         hit = self._key_to_table.get(key)
         if hit is None:
-            hit = self._key_to_table[key] = layer_table(self.graph, self.cluster, as_plan(plan), self.p, self.memo,
-                                                        self._key_to_columns_memo)
+            hit = self._key_to_table[key] = layer_table(self.graph, self.cluster, plan, self.p, self.memo,
+                                                        self._key_to_columns_memo)  # a Draft reads as its plan
         return hit
 
     def time_lower_bound_s(self, plan: ParallelPlan) -> float:
