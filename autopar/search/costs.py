@@ -266,7 +266,8 @@ class Pricer:
         efficiencies saturate upward; fixed overheads and the launch floor amortize), so the
         largest micro batch gives the bound for the group."""
         per_seq = max(self._rank_times(plan)) / plan.mbs
-        return with_dp_floor_s(per_seq * plan.global_batch / self.layout(plan).dp, self.dp_floor_s(plan))
+        bound = per_seq * plan.global_batch / self.layout(plan).dp
+        return with_dp_floor_s(bound, self.dp_floor_s(plan)) if plan.zero == 2 else bound
 
     def member_bounds_s(self, members: list, largest: ParallelPlan) -> list[float]:
         """≤ time_lower_bound_s of each plan in `members`, plans that differ from `largest` only by a
@@ -279,12 +280,15 @@ class Pricer:
         dp = self.layout(largest).dp
         slowest = max(ranks)
         rest = sum(ranks) - slowest
+        zero2 = largest.zero == 2  # members share the ZeRO stage
         out = []
         for plan in members:
             m = plan.global_batch // (dp * plan.mbs)  # = the plan's Layout.num_microbatches
             # pipeline_step_s of the scaled ranks, m · max + (Σ − max) / vpp, scaled after the sums
             pipe = (m * slowest + rest / plan.vpp) * (plan.mbs / largest.mbs)
-            out.append(with_dp_floor_s(pipe, self.dp_floor_s(plan)) * (1.0 - 1e-12))  # rounding: below the exact
+            if zero2:  # (the floor is 0 otherwise, and with_dp_floor_s(pipe, 0) is pipe)
+                pipe = with_dp_floor_s(pipe, self.dp_floor_s(plan))
+            out.append(pipe * (1.0 - 1e-12))  # rounding: below the exact
         return out
 
     def family_bound_s(self, plan: ParallelPlan, vpps) -> float:
