@@ -216,7 +216,7 @@ def test_a_draft_reads_as_its_plan_and_tables_from_drafts_equal_tables_from_plan
     fields the generators leave at their defaults are class attributes), and layer_table of the
     Draft equals layer_table of the plan, time and memory columns."""
     from autopar.schema.plan import ParallelPlan
-    from autopar.search.costs import layer_table
+    from autopar.search.costs import layer_table, split_key
 
     model, cluster, gpus, seq, gbs, framework = case
     g, c = load_model(model), load_cluster(cluster, gpus)
@@ -228,3 +228,6 @@ def test_a_draft_reads_as_its_plan_and_tables_from_drafts_equal_tables_from_plan
             assert getattr(d, name) == getattr(plan, name), name
         a, b = layer_table(g, c, d, p), layer_table(g, c, plan, p)
         assert (a.fb_s, a.recompute_s, a.p2p_s, a.memory) == (b.fb_s, b.recompute_s, b.p2p_s, b.memory)
+        assert split_key(d) == split_key(plan)  # the Draft's fast path
+        pricer = Pricer(g, c, p)
+        assert pricer.layout(d) == pricer.layout(plan) == Pricer(g, c, p).layout(d)
