@@ -1,9 +1,8 @@
 """`cached_property` without the lock: Python 3.11's functools.cached_property takes an RLock on
 every first read of every instance (Python 3.12 removed it: "What's New in Python 3.12",
 functools), which doubles the cost of the ~2·10^4 first reads a MoE search makes of its Layouts
-and tables. autopar is single-threaded;
-the value is computed once per instance and kept in its __dict__, as functools does (so frozen
-dataclasses work: the instance's __setattr__ is never called)."""
+and tables. autopar is single-threaded. The value is computed once per instance and kept in its
+__dict__, as functools does (so frozen dataclasses work: their __setattr__ is never called)."""
 
 from __future__ import annotations
 

@@ -158,10 +158,10 @@ def split_key(plan: ParallelPlan) -> tuple:
 def layer_table(graph: ModelGraph, cluster: Cluster, plan: ParallelPlan, p: CostParams,
                 memo: StepMemo | None = None, columns_memo: dict | None = None) -> LayerTable:
     """The table of `plan`'s split (a ParallelPlan, or a search Draft: it reads as its plan), from
-    the estimate's per-layer functions (one row per layer kind, spread over the graph's layers). `memo`: the StepMemo of (graph, cluster, p) whose layer
-    costs the estimates of this split then reuse. `columns_memo`: a dict kept for `graph`, holding
-    each kind's memory entries by every plan field they read (splits that differ only in ep share
-    them: no activation or dense parameter depends on it)."""
+    the estimate's per-layer functions (one row per layer kind, spread over the graph's layers).
+    `memo`: the StepMemo of (graph, cluster, p) whose layer costs the estimates of this split then
+    reuse. `columns_memo`: a dict kept for `graph`, holding each kind's memory entries by every plan
+    field they read (splits that differ only in ep share them: no activation depends on it)."""
     base_p = p
     p = for_framework(p, plan.framework)
     policy = framework_profile(plan.framework, plan.framework_release).selective_policy
