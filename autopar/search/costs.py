@@ -65,7 +65,7 @@ from autopar.cost.step import (
 from autopar.hardware import Cluster
 from autopar.model.graph import ModelGraph
 from autopar.schema.plan import ParallelPlan, Recompute, RecomputeMode
-from autopar.search.space import Draft, as_plan
+from autopar.search.space import DRAFT_FRAMEWORK, DRAFT_GLOBAL_BATCH, Draft, as_plan
 from autopar.search.summation import pairwise_sum, prefix_sums
 
 MODES = tuple(RecomputeMode)
@@ -233,7 +233,7 @@ class Pricer:
         own leading fields, tp pp cp ep etp vpp mbs zero, with its batch and framework: all a Layout
         reads of it (its zero_shard_size and layers_per_stage are always None)."""
         if type(plan) is Draft:
-            key = (*plan[:8], plan[10], plan[13])
+            key = (*plan[:8], plan[DRAFT_GLOBAL_BATCH], plan[DRAFT_FRAMEWORK])
             hit = self._draft_to_layout.get(key)
             if hit is None:
                 hit = self._draft_to_layout[key] = self.memo.layout(plan)

@@ -47,7 +47,8 @@ from autopar.search.costs import Pricer, stage_inputs, stage_memory_model
 from autopar.search.ilp import recompute_problem, solve_recompute
 from autopar.search.partition import partition_layers
 from autopar.search.rank import Row, distinct_rows, equivalence_band, family, simplicity_key
-from autopar.search.space import SpaceSpec, as_plan, plan_problems, space_spec_for, valid_bases, with_recompute
+from autopar.search.space import (DRAFT_MBS, SpaceSpec, as_plan, plan_problems, space_spec_for, valid_bases,
+                                  with_recompute)
 from autopar.units import GiB
 
 Progress = Callable[[str, int, int], None]  # (phase, done, total); phases: score, refine
@@ -401,7 +402,7 @@ def _nest(bases: list, pricer: Pricer) -> tuple[dict[tuple, dict[tuple, tuple[di
             if families is None:
                 families = out[lkey] = {}
             family = families[fkey] = key_to_family[fkey] = ({}, [d, recomputes])  # (prefixes, largest-mbs base)
-        elif mbs > family[1][0][6]:  # Draft field 6: mbs
+        elif mbs > family[1][0][DRAFT_MBS]:
             family[1][:] = entry
         prefixes = family[0]
         prefix = fkey + (vpp,)

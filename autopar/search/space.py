@@ -245,6 +245,16 @@ class Draft(NamedTuple):
         return ParallelPlan.trusted(**dict(zip(self._fields, self)))
 
 
+
+# Field positions the search's hot loops read by index (driver._nest, costs.split_key and
+# Pricer.layout): a reordering of Draft's fields fails here, at import, not as a wrong key.
+DRAFT_AXES = ("tp", "pp", "cp", "ep", "etp", "vpp", "mbs", "zero", "sp")
+if Draft._fields[:len(DRAFT_AXES)] != DRAFT_AXES:
+    raise ImportError(f"Draft's leading fields changed: {Draft._fields}")
+DRAFT_MBS, DRAFT_GLOBAL_BATCH, DRAFT_FRAMEWORK = (Draft._fields.index(name)
+                                                  for name in ("mbs", "global_batch", "framework"))
+
+
 def draft_is_valid(d: Draft, num_gpus: int, num_layers: int, num_heads: int, num_kv_heads: int,
                    num_experts: int = 0, gpus_per_node: int | None = None) -> bool:
     """`not plan_violations(d, ...)` for a Draft, without building the messages: the same checks in
