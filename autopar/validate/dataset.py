@@ -405,6 +405,7 @@ def _published_arch(row: _Row, source: str) -> dict[str, Any]:
         "ffn_hidden_size": model.ffn_hidden_size, "vocab_size": model.vocab_size,
         "activation": _parsed_activation(model.activation), "normalization": None,
         "position_embedding": None, "tie_embeddings": None, "moe": model.moe, "mla": model.mla,
+        "params_b": model.params_b,
     }
     family = _family(model.name)
     inferred = []
