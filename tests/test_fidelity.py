@@ -193,6 +193,24 @@ def test_framework_overrides_replace_only_that_frameworks_values():
 
 
 # 7. MoE inputs derived.
+def test_shared_experts_are_one_more_tp_block_of_an_moe_layer():
+    """Megatron-Core's SharedExpertMLP is a column/row-parallel MLP on the layer's tokens: under
+    sp one more all-gather + reduce-scatter of T·h bf16 over TP (attention's is the other);
+    Qwen3 (no shared experts) keeps one block. DeepSeek-V3, tp 8 in a node, T = 4096."""
+    from autopar.cost.layer import Spans, _tp_comm
+
+    node8 = comm.GroupSpan(8, 8, 1)
+    spans = Spans(node8, comm.GroupSpan(1, 1, 1), comm.GroupSpan(1, 1, 1), comm.GroupSpan(1, 1, 1))
+    s = _split(tp=8, sp=True, tokens=4096, seq_len=4096, hidden=7168)
+    block = (comm.all_gather_s(4096 * 7168 * 2, node8, H100, P) + comm.reduce_scatter_s(4096 * 7168 * 2, node8, H100, P))
+    dsv3 = next(x for x in load_model("deepseek-v3").layers if x.kind == "moe")
+    assert _tp_comm(dsv3, s, spans, H100, P, tp_overlap=False) == pytest.approx(2 * block, rel=1e-12)
+    qwen = next(x for x in load_model("qwen3-235b-a22b").layers if x.kind == "moe")
+    s = s._replace(hidden=4096)
+    block = (comm.all_gather_s(4096 * 4096 * 2, node8, H100, P) + comm.reduce_scatter_s(4096 * 4096 * 2, node8, H100, P))
+    assert _tp_comm(qwen, s, spans, H100, P, tp_overlap=False) == pytest.approx(block, rel=1e-12)
+
+
 def test_moe_load_is_a_balls_into_bins_bound_capped_by_capacity():
     plan = ParallelPlan(global_batch=8, seq_len=4096, ep=8)
     assert moe_load(plan, 4096, 8) == pytest.approx(1 + math.sqrt(2 * math.log(8) / 4096))  # 1.0322

@@ -31,8 +31,9 @@ _NORM_SHARE_OF_SP_BYTES = 0.4
 BF16_BYTES = 2
 OP_SAC = "op_sac"  # the selective policy of torchtitan (see autopar.cost.frameworks)
 # Parallel blocks per layer, each an all-gather + reduce-scatter (sp) or an all-reduce: attention
-# and MLP in a dense layer; attention only in an MoE layer (the experts talk over EP); the
-# vocab-parallel head; the embedding's reduction counts as half a block (no all-gather).
+# and MLP in a dense layer; attention only in an MoE layer (the routed experts talk over EP), plus
+# its shared experts (_tp_blocks); the vocab-parallel head; the embedding's reduction counts as
+# half a block (no all-gather).
 _TP_BLOCKS = {"dense": 2, "moe": 1, "mtp": 3, "head": 1, "embedding": 0.5}
 
 
@@ -258,13 +259,35 @@ def _tp_comm(layer: Layer, s: Split, spans: Spans, cluster: Cluster, p: CostPara
     if s.tp == 1:
         return 0.0
     full_bytes = s.tokens * s.hidden * BF16_BYTES
-    blocks = _TP_BLOCKS[layer.kind] - (1 if layer.kind == "mtp" and layer.num_experts else 0)
+    blocks = _tp_blocks(layer)
     if s.sp:
         t = blocks * (comm.all_gather_s(full_bytes, spans.tp, cluster, p) +
                       comm.reduce_scatter_s(full_bytes, spans.tp, cluster, p))
     else:
         t = blocks * comm.all_reduce_s(full_bytes, spans.tp, cluster, p)
     return t * (1.0 - p.tp_overlap) if tp_overlap else t
+
+
+_ID_TO_TP_BLOCKS: dict[int, tuple[Layer, float]] = {}
+
+
+def _tp_blocks(layer: Layer) -> float:
+    """The layer's TP-parallel blocks (_TP_BLOCKS). An MTP module's MLP is its MoE when it has
+    experts (the experts talk over EP). The shared experts of an MoE layer are one more block:
+    Megatron-Core's SharedExpertMLP is a column- then row-parallel MLP on the layer's own tokens,
+    all-gathered over TP before it and reduce-scattered after it under sequence parallelism
+    (megatron/core/transformer/moe/shared_experts.py; MoELayer adds its output to the routed
+    experts' unless --moe-shared-expert-overlap runs it inside the dispatcher). Kept per layer
+    object."""
+    hit = _ID_TO_TP_BLOCKS.get(id(layer))
+    if hit is None or hit[0] is not layer:
+        blocks = _TP_BLOCKS[layer.kind] - (1 if layer.kind == "mtp" and layer.num_experts else 0)
+        if layer.num_experts and any(g.name.startswith("shared_") and g.split in ("col", "row") for g in layer.gemms):
+            blocks += 1
+        if len(_ID_TO_TP_BLOCKS) > 4096:  # layers of graphs no longer used
+            _ID_TO_TP_BLOCKS.clear()
+        hit = _ID_TO_TP_BLOCKS[id(layer)] = (layer, blocks)
+    return hit[1]
 
 
 def cp_kv_bytes(layer: Layer, s: Split) -> float:
