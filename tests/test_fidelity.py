@@ -211,6 +211,38 @@ def test_shared_experts_are_one_more_tp_block_of_an_moe_layer():
     assert _tp_comm(qwen, s, spans, H100, P, tp_overlap=False) == pytest.approx(block, rel=1e-12)
 
 
+def test_megatron_sp_backward_hides_the_regather_and_dgrad_reduce_scatter_behind_gemms():
+    """Megatron's column-parallel linear under sp (LinearWithGradAccumulationAndAsyncCommunication;
+    TE's Linear alike) re-gathers its input behind the dgrad GEMM and reduce-scatters the input
+    gradient behind the wgrad GEMM; the block's output reduce-scatter becomes an exposed
+    all-gather of its gradient. Llama-3 8B dense layer, tp 8 in an H100 node, T = 8192."""
+    from autopar.cost.compute import gemm_pass_bytes, gemm_time_s
+    from autopar.cost.layer import Spans, _tp_comm, _tp_comm_bwd
+
+    node8 = comm.GroupSpan(8, 8, 1)
+    one = comm.GroupSpan(1, 1, 1)
+    spans = Spans(node8, one, one, one)
+    s = _split(tp=8, sp=True, tokens=8192, seq_len=8192, hidden=4096, tp_backward_overlap=True)
+    ag = comm.all_gather_s(8192 * 4096 * 2, node8, H100, P)
+    rs = comm.reduce_scatter_s(8192 * 4096 * 2, node8, H100, P)
+    fwd = _tp_comm(LAYER, s, spans, H100, P, tp_overlap=False)
+    assert fwd == pytest.approx(2 * (ag + rs), rel=1e-12)
+    want = 2 * ag
+    for n in ((32 + 2 * 8) * 128 / 8, 2 * 14336 / 8):  # qkv, fc1: each opens a block
+        _, dgrad_b, wgrad_b = gemm_pass_bytes(8192, n, 4096, 2.0)
+        dgrad = gemm_time_s(8192, n, 4096, 989e12, P, 1.0, dgrad_b, H100.hbm_bytes_per_s)
+        wgrad = gemm_time_s(8192, n, 4096, 989e12, P, 1.0, wgrad_b, H100.hbm_bytes_per_s)
+        want += max(0.0, ag - dgrad) + max(0.0, rs - wgrad)
+    bwd = _tp_comm_bwd(LAYER, s, spans, H100, P, False, fwd)
+    assert bwd == pytest.approx(want, rel=1e-12)
+    # fc1's dgrad and wgrad (0.42 ms each) outlast its transfers (0.17 ms); qkv's (0.09 ms) do not
+    assert 2 * ag < bwd < fwd
+    # frameworks without the async backward (torchtitan's DTensor TP), TE userbuffers, no sp: as forward
+    assert _tp_comm_bwd(LAYER, s._replace(tp_backward_overlap=False), spans, H100, P, False, fwd) == fwd
+    assert _tp_comm_bwd(LAYER, s, spans, H100, P, True, 0.3 * fwd) == 0.3 * fwd
+    assert _tp_comm_bwd(LAYER, s._replace(sp=False), spans, H100, P, False, fwd) == fwd
+
+
 def test_moe_load_is_a_balls_into_bins_bound_capped_by_capacity():
     plan = ParallelPlan(global_batch=8, seq_len=4096, ep=8)
     assert moe_load(plan, 4096, 8) == pytest.approx(1 + math.sqrt(2 * math.log(8) / 4096))  # 1.0322

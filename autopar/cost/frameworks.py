@@ -39,6 +39,12 @@ Sources, per field:
   list-form collective allocates (ProcessGroupNCCL newLikeFlat): 6 bytes.
   DeepSpeed keeps parameters smaller than stage3_param_persistence_threshold (default 1e5 elements,
   deepspeed/runtime/zero/constants.py since v0.3.13) unpartitioned: norms and biases are never gathered.
+- TP backward under sequence parallelism: Megatron's column-parallel linear
+  (megatron/core/tensor_parallel/layers.py LinearWithGradAccumulationAndAsyncCommunication, since
+  the sequence-parallel work of 2022; Transformer Engine's Linear does the same) saves its
+  sp-split input, re-gathers it with an async all-gather behind the dgrad GEMM and launches the
+  input gradient's reduce-scatter async behind the wgrad GEMM. torchtitan's DTensor TP (no async
+  TP by default) and Megatron-DeepSpeed's tp all-reduce are charged as the forward.
 - releases: where an older release of a framework behaved differently and measured runs used it, a
   release profile describes it (FRAMEWORK_RELEASES; a plan names it in `framework_release`).
   DeepSpeed 0.3.13-0.5.5 (March-October 2021, the SC'21 ZeRO-3 runs) on PyTorch <= 1.8:
@@ -92,6 +98,7 @@ class FrameworkProfile:
     cp_ring: str = "te"  # "te": Transformer Engine's CP attention | "torch": PyTorch's ring (fp32 merge, dK/dV ring)
     cp_repeats_kv_heads: bool = False  # CP moves K/V repeated to the query heads (GQA expanded before SDPA)
     cp_comm_overlapped: bool = True  # CP transfers run behind attention (False: waited where issued)
+    tp_backward_overlap: bool = False  # sp backward: input re-gather / dgrad reduce-scatter behind dgrad / wgrad
 
     def attention_kernel(self, arch: str) -> str:
         return dict(self.attention_kernel_by_arch).get(arch, "fa2")
@@ -102,7 +109,8 @@ FRAMEWORK_PROFILES: dict[str, FrameworkProfile] = {
         name="megatron", version="Megatron-Core 0.8-0.16 with Transformer Engine 1.x",
         attention_kernel_by_arch=(("ampere", "fa2"), ("hopper", "cudnn"), ("blackwell", "cudnn")),
         selective_policy="modules", fused_cross_entropy=True, persistent_gradients=True,
-        fp8_one_byte_saved_inputs=True, gather_unit="block", gathers_under_full_recompute=2, prefetch_depth=1),
+        fp8_one_byte_saved_inputs=True, gather_unit="block", gathers_under_full_recompute=2, prefetch_depth=1,
+        tp_backward_overlap=True),
     "deepspeed": FrameworkProfile(
         name="deepspeed", version="DeepSpeed 0.3-0.19 with Megatron-DeepSpeed models",
         attention_kernel_by_arch=(("ampere", "fa2"), ("hopper", "fa2"), ("blackwell", "fa2")),

@@ -59,6 +59,7 @@ class Split(NamedTuple):
     cp_ring: str = "te"  # CP attention implementation (autopar.cost.frameworks): "te" | "torch"
     cp_repeats_kv_heads: bool = False  # CP moves K/V repeated to the query heads
     cp_comm_overlapped: bool = True  # torch ring: transfers hidden behind SDPA steps (False: waited where issued)
+    tp_backward_overlap: bool = False  # sp backward: input re-gather and dgrad reduce-scatter behind GEMMs
 
 
 class Spans(NamedTuple):
@@ -268,6 +269,47 @@ def _tp_comm(layer: Layer, s: Split, spans: Spans, cluster: Cluster, p: CostPara
     return t * (1.0 - p.tp_overlap) if tp_overlap else t
 
 
+def _tp_comm_bwd(layer: Layer, s: Split, spans: Spans, cluster: Cluster, p: CostParams, tp_overlap: bool,
+                 fwd_s: float, gemm_memo: dict | None = None) -> float:
+    """Exposed backward TP communication. As the forward's (`fwd_s`) unless the framework overlaps
+    the sequence-parallel backward (Split.tp_backward_overlap: Megatron's
+    LinearWithGradAccumulationAndAsyncCommunication and Transformer Engine's Linear, without TP
+    userbuffer overlap): then each block's output reduce-scatter turns into an exposed all-gather
+    of its gradient, and the column-parallel linear that opens the block re-gathers its input
+    asynchronously behind its dgrad GEMM and reduce-scatters the input gradient behind its wgrad
+    GEMM (megatron/core/tensor_parallel/layers.py, backward: all-gather with async_op, dgrad,
+    wait; reduce-scatter with async_op, wgrad, wait), so only what outlasts the GEMM is exposed.
+    Decoder layers only, and only blocks opened by a column-parallel GEMM of the layer input (qkv,
+    fc1, the shared experts' fc1); an MLA attention gathers its latents instead and keeps the
+    forward's charge."""
+    if (s.tp == 1 or tp_overlap or not s.sp or not s.tp_backward_overlap
+            or layer.kind not in ("dense", "moe")):
+        return fwd_s
+    full_bytes = s.tokens * s.hidden * BF16_BYTES
+    ag = comm.all_gather_s(full_bytes, spans.tp, cluster, p)
+    rs = comm.reduce_scatter_s(full_bytes, spans.tp, cluster, p)
+    blocks = _tp_blocks(layer)
+    t = blocks * ag
+    opened = 0
+    operand_bytes = 1.0 if s.attn_peak_flops and s.peak_flops > s.attn_peak_flops else float(BF16_BYTES)
+    for split, gn, gk, _, _, _ in _gemm_rows(layer):
+        if split != "col" or gk != s.hidden or opened >= blocks:
+            continue
+        m, n, k = s.tokens, gn / s.tp, gk
+        key = ("dgrad_wgrad", m, n, k, operand_bytes, s.peak_flops)
+        hit = gemm_memo.get(key) if gemm_memo is not None else None
+        if hit is None:
+            _, dgrad_b, wgrad_b = gemm_pass_bytes(m, n, k, operand_bytes)
+            hit = (gemm_time_s(m, n, k, s.peak_flops, p, 1.0, dgrad_b, cluster.hbm_bytes_per_s),
+                   gemm_time_s(m, n, k, s.peak_flops, p, 1.0, wgrad_b, cluster.hbm_bytes_per_s))
+            if gemm_memo is not None:
+                gemm_memo[key] = hit
+        dgrad_s, wgrad_s = hit
+        t += max(0.0, ag - dgrad_s) + max(0.0, rs - wgrad_s)
+        opened += 1
+    return t + (blocks - opened) * (ag + rs)
+
+
 _ID_TO_TP_BLOCKS: dict[int, tuple[Layer, float]] = {}
 
 
@@ -433,7 +475,7 @@ def expert_blind_split(s: Split) -> Split:
     """The split with expert parallelism reset (ep, etp, the MoE load, the dispatcher)."""
     return Split(s.tp, s.sp, s.cp, 1, 1, s.tokens, s.seq_len, s.hidden, s.peak_flops, 1.0, s.cp_comm_type,
                  "alltoall", s.attn_peak_flops, s.attention_kernel, s.cp_ring, s.cp_repeats_kv_heads,
-                 s.cp_comm_overlapped)  # (positional: _replace costs 3x, and a search makes ~10^3)
+                 s.cp_comm_overlapped, s.tp_backward_overlap)  # (positional: _replace costs 3x, and a search makes ~10^3)
 
 
 def expert_blind(s: Split, spans: Spans) -> tuple[Split, Spans]:
@@ -448,6 +490,7 @@ def layer_cost(layer: Layer, s: Split, spans: Spans, cluster: Cluster, p: CostPa
                gemm_memo: dict | None = None) -> LayerCost:
     fwd, bwd, module_s = _compute(layer, s, cluster, p, gemm_memo)
     tp = _tp_comm(layer, s, spans, cluster, p, tp_overlap)
+    tp_bwd = _tp_comm_bwd(layer, s, spans, cluster, p, tp_overlap, tp, gemm_memo)
     if s.cp == 1 or not layer.num_heads:
         cp = cp_bwd = 0.0
     elif s.cp_ring == "torch":
@@ -459,6 +502,6 @@ def layer_cost(layer: Layer, s: Split, spans: Spans, cluster: Cluster, p: CostPa
     ep = _ep_comm(layer, s, spans, cluster, p)
     ep_fwd = ep + moe_count_gather_s(layer, s, spans, cluster, p)
     return LayerCost(
-        fwd_compute_s=fwd, bwd_compute_s=bwd, tp_comm_fwd_s=tp, tp_comm_bwd_s=tp, cp_comm_fwd_s=cp,
+        fwd_compute_s=fwd, bwd_compute_s=bwd, tp_comm_fwd_s=tp, tp_comm_bwd_s=tp_bwd, cp_comm_fwd_s=cp,
         cp_comm_bwd_s=cp_bwd, ep_comm_fwd_s=ep_fwd, ep_comm_bwd_s=ep, module_recompute_s=tuple(sorted(module_s.items())),
     )
