@@ -243,6 +243,25 @@ def test_megatron_sp_backward_hides_the_regather_and_dgrad_reduce_scatter_behind
     assert _tp_comm_bwd(LAYER, s._replace(sp=False), spans, H100, P, False, fwd) == fwd
 
 
+def test_unequal_list_all_gather_is_coalesced_broadcasts():
+    """torch's all_gather / reduce_scatter into lists of unequal parts (Megatron's ETP gather of
+    routed tokens) run as one broadcast / reduce per rank: n parts of S/n, each over an
+    (n - 1)-hop ring at busbw = algbw. 8 ranks in an H800 node, S = 221 MB: part 27.625 MB at
+    200 GB/s x message efficiency 27.625 / 28.625 -> 143.1 us, plus 7 x 2 us of pipeline fill,
+    times 8, plus one collective overhead: 1.276 ms, 27 % above the ring all-gather's 1.004 ms."""
+    c = load_cluster("hgx-h800", 240)
+    _, p = load_cost_model("h800")
+    span = comm.GroupSpan(8, 8, 1)
+    part = 221e6 / 8
+    bw = 200e9 * p.intra_node_efficiency * part / (part + p.half_message_bytes)
+    want = p.collective_overhead_s + 8 * (7 * 2e-6 + part / bw)
+    assert comm.all_gather_v_s(221e6, span, c, p) == pytest.approx(want, rel=1e-12)
+    assert want == pytest.approx(1.276e-3, rel=2e-3)
+    assert comm.reduce_scatter_v_s(221e6, span, c, p) == comm.all_gather_v_s(221e6, span, c, p)
+    ratio = comm.all_gather_v_s(221e6, span, c, p) / comm.all_gather_s(221e6, span, c, p)
+    assert 8 / 7 < ratio < 1.3
+
+
 def test_moe_load_is_a_balls_into_bins_bound_capped_by_capacity():
     plan = ParallelPlan(global_batch=8, seq_len=4096, ep=8)
     assert moe_load(plan, 4096, 8) == pytest.approx(1 + math.sqrt(2 * math.log(8) / 4096))  # 1.0322

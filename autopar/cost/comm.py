@@ -100,6 +100,31 @@ def reduce_scatter_s(input_bytes: float, span: GroupSpan, cluster: Cluster, p: C
     return all_gather_s(input_bytes, span, cluster, p)
 
 
+def all_gather_v_s(output_bytes: float, span: GroupSpan, cluster: Cluster, p: CostParams) -> float:
+    """torch.distributed.all_gather into a list of unequal parts (`output_bytes` in all, the mean
+    part taken for each): ProcessGroupNCCL::allgather serves unequal sizes with one out-of-place
+    broadcast per rank inside a coalesced group (its !same_size branch, _broadcast_oop per root).
+    A ring broadcast moves its whole part over every hop (NCCL PERFORMANCE.md: busbw = algbw for
+    broadcast), so the n parts cost n·part/busbw, n/(n − 1) times a ring all-gather's volume, and
+    each fills an (n − 1)-hop pipeline. Megatron-Core's alltoall dispatcher gathers the routed
+    tokens over ETP this way (mappings._gather_along_first_dim with output_split_sizes)."""
+    n = span.size
+    if n <= 1 or output_bytes <= 0:
+        return 0.0
+    part = output_bytes / n
+    alpha = cluster.inter_node_latency_s if span.crosses_nodes else cluster.intra_node_latency_s
+    bw = bus_bandwidth_bytes_per_s(span, cluster, p)
+    return p.collective_overhead_s + n * (alpha * (n - 1) + _transfer_s(part, part, bw, p))
+
+
+def reduce_scatter_v_s(input_bytes: float, span: GroupSpan, cluster: Cluster, p: CostParams) -> float:
+    """torch.distributed.reduce_scatter from a list of unequal parts: ProcessGroupNCCL coalesces
+    one out-of-place reduce per rank (ProcessGroupNCCL::reduce_scatter, !same_size branch,
+    _reduce_oop per root); a ring reduce moves its part over every hop (busbw = algbw), so the
+    same time as all_gather_v_s of that size."""
+    return all_gather_v_s(input_bytes, span, cluster, p)
+
+
 def reduce_scatter_floor_s(input_bytes: float, span: GroupSpan, cluster: Cluster, p: CostParams) -> float:
     """≤ reduce_scatter_s(input_bytes, ...) for every size, and linear in it: the volume term at full
     message efficiency, no latency. Linear, so the floor of a mean bounds the mean of the times

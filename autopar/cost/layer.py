@@ -450,7 +450,9 @@ def _ep_comm(layer: Layer, s: Split, spans: Spans, cluster: Cluster, p: CostPara
     commit f1f03922):
     alltoall: two all-to-alls of the routed token copies over EP (the busiest rank receives
       `moe_load` × the mean), then with etp > 1 an all-gather of the received copies over ETP
-      before the experts and a reduce-scatter after them;
+      before the experts and a reduce-scatter after them, both of unequal parts (the ranks
+      received different counts: output_split_sizes), which torch serves as coalesced
+      broadcasts / reduces (comm.all_gather_v_s);
     allgather: one all-gather of every rank's tokens (not the top-k copies) over the etp·ep group
       before the experts select theirs, and one reduce-scatter of the outputs back."""
     if not layer.num_experts:
@@ -462,9 +464,9 @@ def _ep_comm(layer: Layer, s: Split, spans: Spans, cluster: Cluster, p: CostPara
         return comm.all_gather_s(gathered, span, cluster, p) + comm.reduce_scatter_s(gathered, span, cluster, p)
     routed_bytes = local_tokens * layer.top_k * s.hidden * BF16_BYTES * s.moe_load
     t = 2.0 * comm.all_to_all_s(routed_bytes, spans.ep, cluster, p)
-    if s.etp > 1:
-        t += comm.all_gather_s(routed_bytes * s.etp, spans.etp, cluster, p)
-        t += comm.reduce_scatter_s(routed_bytes * s.etp, spans.etp, cluster, p)
+    if s.etp > 1:  # the ETP ranks hold unequal token counts: list-form collectives (comm.all_gather_v_s)
+        t += comm.all_gather_v_s(routed_bytes * s.etp, spans.etp, cluster, p)
+        t += comm.reduce_scatter_v_s(routed_bytes * s.etp, spans.etp, cluster, p)
     return t
 
 
