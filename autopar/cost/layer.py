@@ -139,6 +139,11 @@ def gemm_pass_times_s(m: float, n: float, k: float, count: float, operand_bytes:
             + gemm_time_s(m, n, k, peak_flops, p, count, wgrad_b, hbm_bytes_per_s))
 
 
+def _gemm_operand_bytes(s: Split) -> float:
+    """Bytes per GEMM operand element: 1 for fp8 GEMMs (their peak above attention's bf16 one), else 2."""
+    return 1.0 if s.attn_peak_flops and s.peak_flops > s.attn_peak_flops else float(BF16_BYTES)
+
+
 def _compute(layer: Layer, s: Split, cluster: Cluster, p: CostParams,
              gemm_memo: dict | None = None) -> tuple[float, float, dict[str, float]]:
     """Forward and backward compute seconds, and forward seconds by recompute module. `gemm_memo`:
@@ -146,7 +151,7 @@ def _compute(layer: Layer, s: Split, cluster: Cluster, p: CostParams,
     (a search prices the same attention GEMMs under many expert layouts)."""
     module_s: dict[str, float] = {}
     gemm_fwd = gemm_bwd = 0.0
-    operand_bytes = 1.0 if s.attn_peak_flops and s.peak_flops > s.attn_peak_flops else float(BF16_BYTES)  # fp8 GEMMs
+    operand_bytes = _gemm_operand_bytes(s)
     hbm = cluster.hbm_bytes_per_s
     tokens, tp, etp = s.tokens, s.tp, s.etp
     sp_tokens = tokens / (tp if s.sp else 1)
@@ -291,7 +296,7 @@ def _tp_comm_bwd(layer: Layer, s: Split, spans: Spans, cluster: Cluster, p: Cost
     blocks = _tp_blocks(layer)
     t = blocks * ag
     opened = 0
-    operand_bytes = 1.0 if s.attn_peak_flops and s.peak_flops > s.attn_peak_flops else float(BF16_BYTES)
+    operand_bytes = _gemm_operand_bytes(s)
     for split, gn, gk, _, _, _ in _gemm_rows(layer):
         if split != "col" or gk != s.hidden or opened >= blocks:
             continue
