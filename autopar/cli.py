@@ -229,7 +229,8 @@ def inspect(
 
 # What an imported config decides, so an option beside --from-megatron/--from-deepspeed would be ignored.
 _IMPORT_DECIDES = ("global_batch", "tp", "pp", "cp", "ep", "etp", "vpp", "mbs", "zero", "sp", "recompute",
-                   "recompute_layers", "recompute_modules", "precision", "framework", "tp_comm_overlap")
+                   "recompute_layers", "recompute_modules", "precision", "framework", "tp_comm_overlap",
+                   "torch_compile")
 
 
 def _refuse_ignored_layout(ctx: typer.Context, source: str) -> None:
@@ -267,6 +268,7 @@ def estimate(
     precision: PrecisionOpt = Precision.BF16.value,
     framework: FrameworkOpt = Framework.MEGATRON.value,
     tp_comm_overlap: Annotated[bool, typer.Option("--tp-comm-overlap/--no-tp-comm-overlap", help="Overlap TP communication with GEMMs (needs sp).")] = False,
+    torch_compile: Annotated[bool, typer.Option("--torch-compile/--no-torch-compile", help="torchtitan: compile each block (fused norms, RoPE, activation); off = eager PyTorch.")] = True,
     memory_margin: MarginOpt = DEFAULT_MEMORY_MARGIN,
     cost_model: CostModelOpt = None,
     as_json: JsonOpt = False,
@@ -287,7 +289,7 @@ def estimate(
             zero=zero if zero is not None else default_zero(framework), sp=sp,
             recompute={"mode": recompute, "modules": tuple(m for m in recompute_modules.split(",") if m),
                        "num_layers": recompute_layers},
-            precision=precision, framework=framework, tp_comm_overlap=tp_comm_overlap)
+            precision=precision, framework=framework, tp_comm_overlap=tp_comm_overlap, torch_compile=torch_compile)
         return plan, api.estimate_plan(model, cluster, gpus, plan, cost_model, memory_margin)
 
     plan, est = _run(run)

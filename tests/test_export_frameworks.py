@@ -284,6 +284,7 @@ TITAN_PLANS = {
     "8b hsdp cp": lambda: titan("llama3-8b", 64, tp=2, cp=2, cp_comm_type="allgather", global_batch=128,
                                 seq_len=16384, zero=3, zero_shard_size=4),
     "8b ddp": lambda: titan("llama3-8b", 16, global_batch=64, mbs=2, seq_len=4096, zero=0),
+    "8b fsdp eager": lambda: titan("llama3-8b", 8, global_batch=16, mbs=2, seq_len=8192, zero=3, torch_compile=False),
     "qwen3 moe ep": lambda: titan("qwen3-30b-a3b", 32, tp=2, ep=8, etp=1, global_batch=64, seq_len=4096, zero=2),
 }
 
@@ -325,6 +326,7 @@ def test_torchtitan_parses_the_export(name, titan_config):
     dims = ParallelDims.from_config(par, world_size=gpus)
     assert dims.dp_replicate * dims.dp_shard == plan.dp_for(gpus)
     assert (train.global_batch_size, train.seq_len) == (plan.global_batch, plan.seq_len)
+    assert config.compile.enable == plan.torch_compile  # priced compiled (fused elementwise) or eager
     if plan.pp > 1:
         assert len(par.module_fqns_per_model_part) == plan.pp * plan.vpp
         assert train.local_batch_size // par.pipeline_parallel_microbatch_size == plan.num_microbatches(gpus)

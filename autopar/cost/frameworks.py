@@ -71,6 +71,13 @@ Sources, per field:
   by default), so none of these transfers overlaps an SDPA step. Under CP torchtitan restricts
   SDPA to the flash and memory-efficient backends (utils.get_train_context) and flash (FA2) is
   chosen; without CP flash is chosen too, cuDNN SDPA being opt-in since pytorch#138522.
+- elementwise kernels: Megatron-Core fuses the norms (Transformer Engine / Apex), RoPE
+  (--apply-rope-fusion, on by default) and the bias-activation (--bias-swiglu-fusion /
+  --bias-gelu-fusion, on by default) whatever else is set, as Megatron-DeepSpeed does with its
+  fused kernels; torchtitan writes them as plain PyTorch (models/norms.py RMSNorm with an fp32
+  upcast, complex-number RoPE, silu·mul) and fuses them only under torch.compile (plan field
+  torch_compile, --compile.enable): eager, each op is a kernel reading and writing HBM
+  (autopar.model.build EAGER_*_BYTES).
 """
 
 from __future__ import annotations
@@ -99,6 +106,7 @@ class FrameworkProfile:
     cp_repeats_kv_heads: bool = False  # CP moves K/V repeated to the query heads (GQA expanded before SDPA)
     cp_comm_overlapped: bool = True  # CP transfers run behind attention (False: waited where issued)
     tp_backward_overlap: bool = False  # sp backward: input re-gather / dgrad reduce-scatter behind dgrad / wgrad
+    fused_without_compile: bool = True  # norms, RoPE and activation run fused kernels even without torch.compile
 
     def attention_kernel(self, arch: str) -> str:
         return dict(self.attention_kernel_by_arch).get(arch, "fa2")
@@ -122,7 +130,7 @@ FRAMEWORK_PROFILES: dict[str, FrameworkProfile] = {
         attention_kernel_by_arch=(("ampere", "fa2"), ("hopper", "fa2"), ("blackwell", "fa2")),
         selective_policy="op_sac", fused_cross_entropy=False, persistent_gradients=False,
         fp8_one_byte_saved_inputs=False, gather_unit="block", gathers_under_full_recompute=2, prefetch_depth=1,
-        cp_ring="torch", cp_repeats_kv_heads=True, cp_comm_overlapped=False),
+        cp_ring="torch", cp_repeats_kv_heads=True, cp_comm_overlapped=False, fused_without_compile=False),
 }
 
 

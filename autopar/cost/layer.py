@@ -60,6 +60,7 @@ class Split(NamedTuple):
     cp_repeats_kv_heads: bool = False  # CP moves K/V repeated to the query heads
     cp_comm_overlapped: bool = True  # torch ring: transfers hidden behind SDPA steps (False: waited where issued)
     tp_backward_overlap: bool = False  # sp backward: input re-gather and dgrad reduce-scatter behind GEMMs
+    eager: bool = False  # elementwise ops run op by op (torchtitan without torch.compile): Layer.eager_bytes_*
 
 
 class Spans(NamedTuple):
@@ -221,8 +222,11 @@ def _attention_and_elementwise_s(layer: Layer, s: Split, cluster: Cluster, p: Co
                                                              bwd_rate)
     merge_fwd, merge_bwd = torch_ring_merge_s(layer, s, cluster, p)
     attn_fwd, attn_bwd = attn_fwd + merge_fwd, attn_bwd + merge_bwd
-    ew_bytes_sp = layer.elementwise_bytes_per_token_sp * s.tokens / (s.tp if s.sp else 1)
-    ew_bytes_tp = layer.elementwise_bytes_per_token_tp * s.tokens / s.tp
+    ew_sp, ew_tp = layer.elementwise_bytes_per_token_sp, layer.elementwise_bytes_per_token_tp
+    if s.eager:
+        ew_sp, ew_tp = ew_sp + layer.eager_bytes_per_token_sp, ew_tp + layer.eager_bytes_per_token_tp
+    ew_bytes_sp = ew_sp * s.tokens / (s.tp if s.sp else 1)
+    ew_bytes_tp = ew_tp * s.tokens / s.tp
     scores_bytes = layer.elementwise_bytes_per_token_per_seq_tp * layer.attended_keys(s.seq_len) * s.tokens / s.tp
     scores_s = memory_bound_time_s(scores_bytes, cluster.hbm_bytes_per_s, p)
     ew_fwd = memory_bound_time_s(ew_bytes_sp + ew_bytes_tp, cluster.hbm_bytes_per_s, p)
@@ -482,7 +486,7 @@ def expert_blind_split(s: Split) -> Split:
     """The split with expert parallelism reset (ep, etp, the MoE load, the dispatcher)."""
     return Split(s.tp, s.sp, s.cp, 1, 1, s.tokens, s.seq_len, s.hidden, s.peak_flops, 1.0, s.cp_comm_type,
                  "alltoall", s.attn_peak_flops, s.attention_kernel, s.cp_ring, s.cp_repeats_kv_heads,
-                 s.cp_comm_overlapped, s.tp_backward_overlap)  # (positional: _replace costs 3x, and a search makes ~10^3)
+                 s.cp_comm_overlapped, s.tp_backward_overlap, s.eager)  # (positional: _replace costs 3x, and a search makes ~10^3)
 
 
 def expert_blind(s: Split, spans: Spans) -> tuple[Split, Spans]:

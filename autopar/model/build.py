@@ -24,6 +24,18 @@ SOFTMAX_FLOPS_PER_ELEMENT = 5  # max, sub, exp, sum, div
 # the QK^T GEMM, read and written by the fused scale-mask-softmax kernel, read by dropout, which
 # writes its output and a 1-byte mask: 2 + 2 + 2 + 2 + 2 + 1 = 11 bytes per score in forward.
 UNFUSED_ATTENTION_BYTES_PER_SCORE = 11
+# Eager PyTorch (no torch.compile) runs each op of the reference Llama block as its own kernel
+# (torchtitan models/norms.py RMSNorm and models/llama/model.py apply_rotary_emb and FeedForward at
+# 9dec370, 2024-12-26), bytes per element beyond the fused kernel's read + write of 2 + 2:
+# RMSNorm `(x.float() * rsqrt(x.float().pow(2).mean(-1) + eps)).type_as(x) * weight`: cast 2 + 4,
+# pow 4 + 4, mean 4, multiply 4 + 4, cast back 4 + 2, weight 2 + 2 = 36, fused 4: 32 more.
+EAGER_RMSNORM_EXTRA_BYTES = 32
+# RoPE on q and k `view_as_real(view_as_complex(x.float()) * freqs).type_as(x)`: cast 2 + 4, complex
+# multiply 4 + 4, cast back 4 + 2 = 20, fused 4: 16 more per element of q and k.
+EAGER_ROPE_EXTRA_BYTES = 16
+# SwiGLU `silu(w1 x) * w3 x`: silu 2 + 2, multiply 2 + 2 + 2 = 10, fused 2 + 2 + 2 = 6: 4 more per
+# element of the FFN width. (GELU and LayerNorm are one ATen kernel each in eager too: nothing more.)
+EAGER_SWIGLU_EXTRA_BYTES = 4
 
 
 def _norm_params(spec: ModelSpec, width: int) -> int:
@@ -121,6 +133,14 @@ def _act_flops(spec: ModelSpec, width: int) -> int:
     return width * (SWIGLU_FLOPS_PER_ELEMENT if spec.activation == "swiglu" else GELU_FLOPS_PER_ELEMENT)
 
 
+def _eager_act_bytes(spec: ModelSpec, width: int) -> int:
+    return EAGER_SWIGLU_EXTRA_BYTES * width if spec.activation == "swiglu" else 0
+
+
+def _eager_norm_bytes(spec: ModelSpec, width: int) -> int:
+    return EAGER_RMSNORM_EXTRA_BYTES * width if spec.normalization == "rmsnorm" else 0
+
+
 def _act_bytes(spec: ModelSpec, width: int) -> int:
     """HBM traffic of the activation function: read fc1 output, write its result."""
     up_elems = 2 * width if spec.activation == "swiglu" else width
@@ -136,6 +156,7 @@ def _decoder_layer(spec: ModelSpec, index: int, moe: bool, kind: str | None = No
         Activation("mlp_norm_output", "layernorm", "sp", B2 * h),
     ]
     ew_tp = 0.0
+    eager_tp = 0.0
     ew_flops = 2 * NORM_FLOPS_PER_ELEMENT * h + 2 * h  # two norms, two residual adds
     if moe:
         e = spec.moe
@@ -148,6 +169,7 @@ def _decoder_layer(spec: ModelSpec, index: int, moe: bool, kind: str | None = No
         ]
         acts += _ffn_acts(spec, e.expert_ffn_hidden_size, "expert", "moe", "moe_act", "sp", e.top_k)
         ew_tp += _act_bytes(spec, e.expert_ffn_hidden_size) * e.top_k
+        eager_tp += _eager_act_bytes(spec, e.expert_ffn_hidden_size) * e.top_k
         ew_flops += _act_flops(spec, e.expert_ffn_hidden_size) * e.top_k
         if e.num_shared_experts:
             width = e.shared_expert_ffn_hidden_size * e.num_shared_experts
@@ -156,11 +178,13 @@ def _decoder_layer(spec: ModelSpec, index: int, moe: bool, kind: str | None = No
                 gemms.append(Gemm("shared_gate", 1, h, "none"))
             acts += _ffn_acts(spec, width, "shared", "shared_experts", "shared_experts", "tp")
             ew_tp += _act_bytes(spec, width)
+            eager_tp += _eager_act_bytes(spec, width)
             ew_flops += _act_flops(spec, width)
     else:
         gemms += _ffn_gemms(spec, spec.ffn_hidden_size, "mlp", "dense", bias=spec.mlp_bias)
         acts += _ffn_acts(spec, spec.ffn_hidden_size, "mlp", "mlp", "mlp", "tp")
         ew_tp += _act_bytes(spec, spec.ffn_hidden_size)
+        eager_tp += _eager_act_bytes(spec, spec.ffn_hidden_size)
         ew_flops += _act_flops(spec, spec.ffn_hidden_size)
     if spec.dropout:
         acts.append(Activation("mlp_dropout_mask", "kept", "sp", B1 * h))
@@ -169,6 +193,9 @@ def _decoder_layer(spec: ModelSpec, index: int, moe: bool, kind: str | None = No
     ew_sp = B2 * (2 * 2 * h + 2 * 3 * h)
     if spec.position_embedding == "rope":
         ew_tp += B2 * 2 * (a + shape["num_kv_heads"]) * dqk  # read+write q and k
+        eager_tp += EAGER_ROPE_EXTRA_BYTES * (a + shape["num_kv_heads"]) * dqk
+    if spec.qk_norm:
+        eager_tp += _eager_norm_bytes(spec, (a + shape["num_kv_heads"]) * dqk)
     layer_kind = kind or ("moe" if moe else "dense")
     return Layer(
         index=index, kind=layer_kind, name=f"{layer_kind}_{index}", gemms=tuple(gemms),
@@ -177,6 +204,7 @@ def _decoder_layer(spec: ModelSpec, index: int, moe: bool, kind: str | None = No
         elementwise_bytes_per_token_per_seq_tp=float(UNFUSED_ATTENTION_BYTES_PER_SCORE * a) if spec.dropout else 0.0,
         elementwise_flops_per_token=float(ew_flops),
         elementwise_bytes_per_token_tp=float(ew_tp), elementwise_bytes_per_token_sp=float(ew_sp),
+        eager_bytes_per_token_tp=float(eager_tp), eager_bytes_per_token_sp=float(2 * _eager_norm_bytes(spec, h)),
         top_k=spec.moe.top_k if moe else 0, num_experts=spec.moe.num_experts if moe else 0,
         attention_window=spec.sliding_window, **shape,
     )
@@ -210,7 +238,7 @@ def _head_layer(spec: ModelSpec, index: int) -> Layer:
         activations=tuple(_head_acts(spec)),
         elementwise_flops_per_token=float(NORM_FLOPS_PER_ELEMENT * h + SOFTMAX_FLOPS_PER_ELEMENT * v),
         elementwise_bytes_per_token_tp=float((B2 + 2 * B4) * v),  # read logits, write+read fp32 softmax
-        elementwise_bytes_per_token_sp=float(2 * B2 * h),
+        elementwise_bytes_per_token_sp=float(2 * B2 * h), eager_bytes_per_token_sp=float(_eager_norm_bytes(spec, h)),
     )
 
 
@@ -228,6 +256,8 @@ def _mtp_layer(spec: ModelSpec, index: int, depth: int) -> Layer:
         elementwise_flops_per_token=inner.elementwise_flops_per_token + SOFTMAX_FLOPS_PER_ELEMENT * spec.vocab_size,
         elementwise_bytes_per_token_tp=inner.elementwise_bytes_per_token_tp + (B2 + 2 * B4) * spec.vocab_size,
         elementwise_bytes_per_token_sp=inner.elementwise_bytes_per_token_sp,
+        eager_bytes_per_token_tp=inner.eager_bytes_per_token_tp,
+        eager_bytes_per_token_sp=inner.eager_bytes_per_token_sp + 3 * _eager_norm_bytes(spec, h),
         num_heads=inner.num_heads, num_kv_heads=inner.num_kv_heads, head_dim_qk=inner.head_dim_qk,
         head_dim_v=inner.head_dim_v, top_k=inner.top_k, num_experts=inner.num_experts,
         attention_window=inner.attention_window,

@@ -117,6 +117,9 @@ class Layer:
     elementwise_bytes_per_token_tp: float = 0.0
     elementwise_bytes_per_token_sp: float = 0.0
     elementwise_bytes_per_token_per_seq_tp: float = 0.0  # unfused softmax/dropout over a·s scores
+    # What eager PyTorch ops move beyond the fused minimum above (autopar.model.build.eager_*):
+    eager_bytes_per_token_tp: float = 0.0
+    eager_bytes_per_token_sp: float = 0.0
     attention_window: int | None = None  # sliding-window attention: keys per query at most; None = full
     num_heads: int = 0
     num_kv_heads: int = 0
