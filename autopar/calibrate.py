@@ -218,9 +218,12 @@ FREE_FOR_GPU = {
     "a100": ["gemm_max", "gemm_half_dim", "unfused_attention_max", "kernel_overhead_us",
              "layer_launch_floor_us", "intra_node", "inter_node", "collective_overhead_us",
              "deepspeed.gemm_max", "deepspeed.inter_node"],
-    "h100": ["gemm_max", "hbm_efficiency", "fp8_speedup", "inter_node", "kernel_overhead_us",
+    "h100": ["gemm_max", "fp8_speedup", "inter_node", "kernel_overhead_us",
              "torchtitan.gemm_max", "torchtitan.fp8_speedup"],
 }
+# H100's HBM efficiency is measured, not fitted: fitted, it sat at its lower bound 0.5 (elementwise
+# work is a few percent of a Megatron step, so the fit used it as a spare knob), which prices
+# torchtitan's eager elementwise ops at half the bandwidth a copy reaches (_PRIOR_SOURCES_FOR_GPU).
 # H100's NVLink efficiency is not identifiable from its runs (the fit objective moves by under 1 %
 # for any value in 0.7-1.0: the Megatron rows hide TP traffic behind TE userbuffers, torchtitan's
 # FSDP gathers behind compute), so it is taken from a published NVLink4 benchmark instead
@@ -297,11 +300,13 @@ def calibrate_builtin(gpu: str, base: CostModelFile, command: str, rounds: int =
              f"Base file: {base.name} ({base.provenance.method}: {base.provenance.command}). "
              + (_A100_FLASH_NOTE if gpu == "a100" else _H100_FLASH_NOTE))
     stamped = stamp(fitted, command, sources, notes, report)
-    return stamped.model_copy(update={"constant_sources": constant_sources(stamped, free, fit_runs, command)})
+    return stamped.model_copy(update={"constant_sources": constant_sources(stamped, free, fit_runs, command, gpu)})
 
 
-def constant_sources(f: CostModelFile, free: Sequence[str], fit_runs: Sequence[MeasuredRun], command: str) -> dict[str, str]:
+def constant_sources(f: CostModelFile, free: Sequence[str], fit_runs: Sequence[MeasuredRun], command: str,
+                     gpu: str | None = None) -> dict[str, str]:
     """Where each constant of `f` comes from: fitted (on which runs), kernel benchmark, or prior."""
+    priors = {**_PRIOR_SOURCES, **_PRIOR_SOURCES_FOR_GPU.get(gpu or "", {})}
     by_framework: dict[str, set[str]] = {}
     for r in fit_runs:
         by_framework.setdefault(r.framework, set()).add(r.source)
@@ -312,7 +317,7 @@ def constant_sources(f: CostModelFile, free: Sequence[str], fit_runs: Sequence[M
             if field_name in free:
                 out[key] = f"fitted on {', '.join(sorted({r.source for r in fit_runs}))} (all splits), `{command}`"
             else:
-                out[key] = _PRIOR_SOURCES.get(key, f"fitted earlier and kept: not identifiable from these runs; the base "
+                out[key] = priors.get(key, f"fitted earlier and kept: not identifiable from these runs; the base "
                                                    f"file's history: {f.provenance.notes.split('Base file: ')[-1][:200]}")
     for name in free:
         if "." in name:
@@ -333,6 +338,16 @@ _PRIOR_SOURCES = {
     "memory.cuda_context_gib": "measured order of the CUDA context plus cuBLAS/NCCL workspaces on H100/A100 (about 1 GiB); prior",
     "memory.fragmentation": "prior: PyTorch caching-allocator fragmentation of a few percent of allocated bytes",
     "memory.comm_buffer_gib": "prior: NCCL channel buffers and DDP/FSDP buckets, about 1 GiB per GPU",
+}
+
+
+# Constants one GPU family's file takes from a measurement rather than its fit.
+_PRIOR_SOURCES_FOR_GPU = {
+    "h100": {
+        "compute.hbm_efficiency": "kernel benchmark: a 4 GiB device-to-device copy on H200 moves 4.00 TB/s of its "
+                                  "4.8 TB/s datasheet rate (cost_models/measured/h200_kernels.json, "
+                                  "hbm_copy_bytes_per_s): 0.834, taken for the HBM3/HBM3e H100 family",
+    },
 }
 
 

@@ -392,3 +392,66 @@ def test_zero2_reduce_scatters_every_microbatch_and_gathers_once():
     e1 = estimate(LLAMA8, cluster, zero1, P)
     e2 = estimate(LLAMA8, cluster, zero2, P)
     assert e2.step_time_s >= e1.step_time_s
+
+
+# Eager PyTorch: torchtitan without torch.compile runs each elementwise op as its own kernel.
+def test_eager_llama_block_moves_its_per_op_bytes_by_hand():
+    # RMSNorm (x.float(), pow, mean, ·rsqrt, .type_as, ·weight): 36 bytes per element against the fused
+    # 4; complex RoPE (cast, multiply, cast back) 20 against 4 on every q and k element; silu·mul 10
+    # against 6 on every FFN element (torchtitan models/norms.py and llama/model.py at 9dec370).
+    h, qk_elems, ffn = 4096, (32 + 8) * 128, 14336
+    assert LAYER.eager_bytes_per_token_sp == 2 * (36 - 4) * h == 262_144
+    assert LAYER.eager_bytes_per_token_tp == (20 - 4) * qk_elems + (10 - 6) * ffn == 139_264
+    assert LLAMA8.layers[-1].kind == "head" and LLAMA8.layers[-1].eager_bytes_per_token_sp == 32 * h
+    gpt3 = load_model("gpt3-175b").decoder_layers[0]  # LayerNorm and GELU are one ATen kernel each; no RoPE
+    assert (gpt3.eager_bytes_per_token_sp, gpt3.eager_bytes_per_token_tp) == (0.0, 0.0)
+
+
+def test_eager_adds_its_bytes_at_the_measured_hbm_rate_forward_and_twice_backward():
+    tt = load_cluster("grandteton-h100-96gb", 8)
+    fused_fwd, fused_bwd, _ = _compute(LAYER, _split(tokens=16384), tt, P)
+    eager_fwd, eager_bwd, module = _compute(LAYER, _split(tokens=16384, eager=True), tt, P)
+    extra_s = 16384 * (262_144 + 139_264) / (2.4e12 * P.hbm_efficiency)  # 6.58 GB at 0.834 of 2.4 TB/s
+    assert P.hbm_efficiency == pytest.approx(4.003392e12 / 4.8e12, rel=1e-6)  # our H200 copy benchmark
+    assert extra_s == pytest.approx(3.29e-3, rel=1e-2)
+    assert eager_fwd - fused_fwd == pytest.approx(extra_s, rel=1e-9)
+    assert eager_bwd - fused_bwd == pytest.approx(2 * extra_s, rel=1e-9)
+
+
+def test_torch_compile_is_torchtitans_and_eager_is_only_what_it_can_price():
+    from autopar.schema.plan import plan_violations
+
+    def problems(**kw):
+        plan = ParallelPlan(global_batch=16, seq_len=8192, torch_compile=False, **kw)
+        return plan_violations(plan, num_gpus=8, num_layers=32, num_heads=32, num_kv_heads=8)
+
+    assert problems(framework="torchtitan", zero=3) == []
+    assert any("torchtitan's --compile.enable" in x for x in problems(framework="megatron"))
+    assert any("priced compiled only" in x for x in problems(framework="torchtitan", zero=3, precision="fp8"))
+    tt = load_cluster("grandteton-h100-96gb", 8)
+    eager = ParallelPlan(global_batch=16, seq_len=8192, framework="torchtitan", zero=3, torch_compile=False)
+    assert setup(LLAMA8, tt, eager, P).split.eager
+    assert not setup(LLAMA8, tt, eager.model_copy(update={"torch_compile": True}), P).split.eager
+
+
+def test_torchtitan_rows_say_whether_they_compiled():
+    runs = {r.run_id: r for r in load_runs({"torchtitan-2412"})}
+    assert runs["torchtitan2412_llama31_8b_8gpu_fsdp"].compiled is False
+    assert runs["torchtitan2412_llama31_8b_8gpu_fsdp_compile"].compiled is True
+    from autopar.validate.runner import _graph_for, candidate_plans
+    eager = runs["torchtitan2412_llama31_8b_8gpu_fsdp"]
+    assert {p.torch_compile for p in candidate_plans(eager, _graph_for(eager))} == {False}
+
+
+def test_h100_hbm_efficiency_is_the_copy_benchmark_not_a_fitted_knob():
+    import json
+    from pathlib import Path
+
+    from autopar.calibrate import FREE_FOR_GPU, LOSO_FREE_FOR_GPU
+    assert "hbm_efficiency" not in FREE_FOR_GPU["h100"] + LOSO_FREE_FOR_GPU["h100"]
+    root = Path(__file__).resolve().parents[1] / "cost_models"
+    measured = json.loads((root / "measured" / "h200_kernels.json").read_text())["hbm_copy_bytes_per_s"]
+    for name in ("h100", "h800", "h200", "b200"):
+        f = json.loads((root / f"{name}.json").read_text())
+        assert f["compute"]["hbm_efficiency"] == pytest.approx(measured / 4.8e12, rel=1e-9)
+    assert "h200_kernels.json" in json.loads((root / "h100.json").read_text())["constant_sources"]["compute.hbm_efficiency"]
