@@ -455,3 +455,35 @@ def test_h100_hbm_efficiency_is_the_copy_benchmark_not_a_fitted_knob():
         f = json.loads((root / f"{name}.json").read_text())
         assert f["compute"]["hbm_efficiency"] == pytest.approx(measured / 4.8e12, rel=1e-9)
     assert "h200_kernels.json" in json.loads((root / "h100.json").read_text())["constant_sources"]["compute.hbm_efficiency"]
+
+
+# fp8 covers the transformer layers' linears only, and casts their operands.
+def test_fp8_plans_run_the_output_layer_router_in_bf16_and_cast_linear_operands_by_hand():
+    from autopar.cost.compute import memory_bound_time_s
+    from autopar.cost.layer import FP8_CAST_BYTES, FP8_NORM_FED_CAST_BYTES, gemm_pass_times_s
+    head = LLAMA8.layers[-1]
+    assert head.kind == "head"
+    bf16 = _compute(head, _split(), H100, P)
+    fp8 = _compute(head, _split(peak_flops=989e12 * P.fp8_speedup), H100, P)
+    assert fp8[:2] == pytest.approx(bf16[:2], rel=1e-12)  # Megatron's ColumnParallelLinear head, torchao's filter
+    # A decoder layer's qkv under fp8, 8192 tokens: its GEMM at the fp8 peak with 1-byte operands, its
+    # input written in fp8 by the norm and transposed (1 byte per element more than the fused minimum),
+    # its output gradient cast and transposed (4 bytes per element: read 2, write 1 + 1).
+    m, n, k = 8192, (32 + 2 * 8) * 128, 4096
+    assert (FP8_CAST_BYTES, FP8_NORM_FED_CAST_BYTES) == (4.0, 1.0)
+    hbm = H100.hbm_bytes_per_s
+    qkv = gemm_pass_times_s(m, n, k, 1, 1.0, 989e12 * P.fp8_speedup, hbm, P)
+    cast = (memory_bound_time_s(m * k * 1.0, hbm, P), memory_bound_time_s(m * n * 4.0, hbm, P))
+    assert cast[1] == pytest.approx(8192 * 6144 * 4 / (3.35e12 * 0.834) + P.kernel_overhead_s, rel=1e-3)
+    only_qkv = replace(LAYER, gemms=tuple(g for g in LAYER.gemms if g.name == "qkv"))
+    without_gemms = replace(LAYER, gemms=())
+    s = _split(peak_flops=989e12 * P.fp8_speedup)
+    fwd, bwd, _ = _compute(only_qkv, s, H100, P)
+    base_fwd, base_bwd, _ = _compute(without_gemms, s, H100, P)
+    assert fwd - base_fwd == pytest.approx(qkv[0] + cast[0], rel=1e-9)
+    assert bwd - base_bwd == pytest.approx(qkv[1] + cast[1], rel=1e-9)
+    # attn_out (row-parallel, fed by attention, not a norm) casts its input at 4 bytes per element
+    only_out = replace(LAYER, gemms=tuple(g for g in LAYER.gemms if g.name == "attn_out"))
+    out_fwd = _compute(only_out, s, H100, P)[0] - base_fwd
+    gemm_fwd = gemm_pass_times_s(m, 4096, 4096, 1, 1.0, 989e12 * P.fp8_speedup, hbm, P)[0]
+    assert out_fwd == pytest.approx(gemm_fwd + memory_bound_time_s(m * 4096 * 4.0, hbm, P), rel=1e-9)

@@ -22,7 +22,9 @@ Sources, per field:
   DeepSpeed keeps fp16/bf16 gradient partitions; FSDP2 frees sharded gradients at zero_grad
   (set_to_none), so no gradient is resident at the forward/backward peak of the first microbatch.
 - fp8: Transformer Engine saves the fp8 casts (1 byte) of GEMM inputs for the weight gradient;
-  torchao's float8 linears save the bf16 inputs and re-cast them (torchao float8 README).
+  torchao's float8 linears save the bf16 inputs and re-cast them (torchao float8 README). In both,
+  fp8 covers the transformer layers' linears, each casting its input and output gradient
+  (autopar.cost.layer.fp8_cast_s); the output layer and the router run in bf16.
 - parameter gathers: DeepSpeed ZeRO-3 gathers per module (each nn.Linear / LayerNorm's
   parameters when its forward pre-hook fires; Rajbhandari et al. 2020 §5), so a full-recompute
   backward runs the module hooks again (forward, recompute, backward: three gathers); FSDP2

@@ -30,6 +30,21 @@ _GEMM_MODULE = {"mlp": "mlp", "expert": "moe", "shared": "shared_experts", "q_up
 _NORM_SHARE_OF_SP_BYTES = 0.4
 BF16_BYTES = 2
 OP_SAC = "op_sac"  # the selective policy of torchtitan (see autopar.cost.frameworks)
+# GEMMs an fp8 plan still runs in bf16 (besides the vocab-parallel output layer, split "vocab"):
+# fp8 covers Transformer Engine's linears (torchao's converted nn.Linears); Megatron-Core's output
+# layer is its own ColumnParallelLinear (gpt_model.py, f1f03922 and HEAD, TE only for MXFP8 with
+# fp8_output_proj) and torchtitan's float8 converter leaves "output" out (filter_fqns); the router
+# is a plain matmul in the input (or fp32) dtype (moe/router.py gating), as is the shared-expert gate.
+BF16_ONLY_GEMMS = frozenset({"router", "shared_gate"})
+# An fp8 linear casts its bf16 operands with a fused cast-transpose kernel (Transformer Engine 1.x
+# fp8_cast_transpose_fused; the transposed copy feeds the weight gradient): the input in forward
+# and the output gradient in backward, each read 2 + write 1 + 1 = 4 bytes per element. A linear
+# opened by its norm (TE LayerNormLinear: qkv, the dense fc1) gets its input in fp8 from the norm
+# kernel (1 byte written where the fused minimum counts 2) and transposes it (1 + 1): 1 byte more.
+# Weight casts run once per step (cached over microbatches) and are left out. torchao's float8
+# (torchtitan) is priced with the same bytes; its own fitted fp8 gain takes the difference.
+FP8_CAST_BYTES = 4.0
+FP8_NORM_FED_CAST_BYTES = 1.0
 # Parallel blocks per layer, each an all-gather + reduce-scatter (sp) or an all-reduce: attention
 # and MLP in a dense layer; attention only in an MoE layer (the routed experts talk over EP), plus
 # its shared experts (_tp_blocks); the vocab-parallel head; the embedding's reduction counts as
@@ -109,14 +124,16 @@ class LayerCost:
 _ID_TO_GEMM_ROWS: dict[int, tuple[Layer, tuple]] = {}
 
 
-def _gemm_rows(layer: Layer) -> tuple[tuple[str, int, int, float, int, str], ...]:
-    """(split, n, k, tokens_per_token, num_experts, recompute module) of each of the layer's GEMMs,
-    what _compute reads of them, kept per layer object (a search prices each layer ~10^3 times)."""
+def _gemm_rows(layer: Layer) -> tuple[tuple[str, int, int, float, int, str, bool], ...]:
+    """(split, n, k, tokens_per_token, num_experts, recompute module, runs in fp8 under an fp8 plan)
+    of each of the layer's GEMMs, what _compute reads of them, kept per layer object (a search
+    prices each layer ~10^3 times)."""
     hit = _ID_TO_GEMM_ROWS.get(id(layer))
     if hit is None or hit[0] is not layer:
         rows = tuple(((("expert_col" if g.split == "expert_col" else "expert_row") if g.is_expert else
                        g.split if g.split in ("none", "row") else "col"), g.n, g.k, g.tokens_per_token,
-                      g.num_experts, _gemm_module(g.name)) for g in layer.gemms)
+                      g.num_experts, _gemm_module(g.name), g.split != "vocab" and g.name not in BF16_ONLY_GEMMS)
+                     for g in layer.gemms)
         if len(_ID_TO_GEMM_ROWS) > 4096:  # layers of graphs no longer used
             _ID_TO_GEMM_ROWS.clear()
         hit = _ID_TO_GEMM_ROWS[id(layer)] = (layer, rows)
@@ -140,6 +157,16 @@ def gemm_pass_times_s(m: float, n: float, k: float, count: float, operand_bytes:
             + gemm_time_s(m, n, k, peak_flops, p, count, wgrad_b, hbm_bytes_per_s))
 
 
+def fp8_cast_s(m: float, n: float, k: float, count: float, norm_fed: bool, hbm_bytes_per_s: float,
+               p: CostParams) -> tuple[float, float]:
+    """(forward, backward) seconds of an fp8 GEMM's operand casts: its m·k input (FP8_CAST_BYTES
+    per element, FP8_NORM_FED_CAST_BYTES when its norm writes it in fp8) and its m·n output
+    gradient, one kernel each per GEMM."""
+    fwd_bytes = m * k * (FP8_NORM_FED_CAST_BYTES if norm_fed else FP8_CAST_BYTES)
+    return (count * memory_bound_time_s(fwd_bytes, hbm_bytes_per_s, p),
+            count * memory_bound_time_s(m * n * FP8_CAST_BYTES, hbm_bytes_per_s, p))
+
+
 def _gemm_operand_bytes(s: Split) -> float:
     """Bytes per GEMM operand element: 1 for fp8 GEMMs (their peak above attention's bf16 one), else 2."""
     return 1.0 if s.attn_peak_flops and s.peak_flops > s.attn_peak_flops else float(BF16_BYTES)
@@ -158,7 +185,9 @@ def _compute(layer: Layer, s: Split, cluster: Cluster, p: CostParams,
     sp_tokens = tokens / (tp if s.sp else 1)
     # (m, n, k, count) of each GEMM on one rank: routed experts see the busiest rank's tokens over its
     # local experts, ETP-split; replicated GEMMs see T/tp tokens under sp; row/col split k/n by tp
-    for split, gn, gk, per_token, experts, mod in _gemm_rows(layer):
+    bf16_peak = s.attn_peak_flops or s.peak_flops
+    for split, gn, gk, per_token, experts, mod, fp8_ok in _gemm_rows(layer):
+        peak, width = (s.peak_flops, operand_bytes) if fp8_ok else (bf16_peak, float(BF16_BYTES))
         if split == "expert_col" or split == "expert_row":
             count = max(experts // s.ep, 1)
             m = sp_tokens * per_token * s.moe_load * etp / count
@@ -170,13 +199,17 @@ def _compute(layer: Layer, s: Split, cluster: Cluster, p: CostParams,
         else:  # col, vocab
             m, n, k, count = tokens, gn / tp, gk, 1
         if gemm_memo is None:
-            t, t_bwd = gemm_pass_times_s(m, n, k, count, operand_bytes, s.peak_flops, hbm, p)
+            t, t_bwd = gemm_pass_times_s(m, n, k, count, width, peak, hbm, p)
         else:
-            key = (m, n, k, count, operand_bytes, s.peak_flops)
+            key = (m, n, k, count, width, peak)
             hit = gemm_memo.get(key)
             if hit is None:
-                hit = gemm_memo[key] = gemm_pass_times_s(m, n, k, count, operand_bytes, s.peak_flops, hbm, p)
+                hit = gemm_memo[key] = gemm_pass_times_s(m, n, k, count, width, peak, hbm, p)
             t, t_bwd = hit
+        if fp8_ok and width < BF16_BYTES:
+            t_cast, t_bwd_cast = fp8_cast_s(m, n, k, count, split == "col" and gk == s.hidden and mod in ("", "mlp"),
+                                            hbm, p)
+            t, t_bwd = t + t_cast, t_bwd + t_bwd_cast
         gemm_fwd += t
         gemm_bwd += t_bwd
         if mod:
@@ -301,7 +334,7 @@ def _tp_comm_bwd(layer: Layer, s: Split, spans: Spans, cluster: Cluster, p: Cost
     t = blocks * ag
     opened = 0
     operand_bytes = _gemm_operand_bytes(s)
-    for split, gn, gk, _, _, _ in _gemm_rows(layer):
+    for split, gn, gk, _, _, _, _ in _gemm_rows(layer):
         if split != "col" or gk != s.hidden or opened >= blocks:
             continue
         m, n, k = s.tokens, gn / s.tp, gk
