@@ -190,3 +190,16 @@ def test_doubling_pp_under_interleaving_keeps_the_virtual_stages():
     assert set(moves) == {"pp 4→8 (dp 4→2, vpp 20→10)", "pp 4→2 (dp 4→8)"}
     assert (moves["pp 4→8 (dp 4→2, vpp 20→10)"].vpp, moves["pp 4→2 (dp 4→8)"].vpp) == (10, 20)
     assert next(alt for name, axis, alt in neighbours(_plan(tp=8, pp=2, vpp=2), GPUS) if alt.pp == 1).vpp == 1
+
+
+def test_an_eager_torchtitan_plan_is_shown_what_compiling_gives():
+    plan = make_plan(global_batch=16, seq_len=8192, framework="torchtitan", zero=3, torch_compile=False,
+                     recompute={"mode": "selective"})
+    ex = explain("llama3-8b", "grandteton-h100-96gb", 8, plan, memory_margin=MARGIN)
+    alt = next(a for a in ex.alternatives if a.axis == "torch_compile")
+    compiled = estimate_plan("llama3-8b", "grandteton-h100-96gb", 8, plan.model_copy(update={"torch_compile": True}),
+                             memory_margin=MARGIN)
+    assert alt.name == "torch.compile off→on" and alt.plan.torch_compile
+    assert alt.estimate.step_time_s == pytest.approx(compiled.step_time_s, rel=1e-12)
+    assert compiled.step_time_s < ex.estimate.step_time_s and alt.wins
+    assert not any(a.axis == "torch_compile" for a in explain(MODEL, CLUSTER, GPUS, _plan(tp=8, pp=4)).alternatives)

@@ -27,7 +27,7 @@ UNFUSED_ATTENTION_BYTES_PER_SCORE = 11
 # Eager PyTorch (no torch.compile) runs each op of the reference Llama block as its own kernel
 # (torchtitan models/norms.py RMSNorm and models/llama/model.py apply_rotary_emb and FeedForward at
 # 9dec370, 2024-12-26), bytes per element beyond the fused kernel's read + write of 2 + 2:
-# RMSNorm `(x.float() * rsqrt(x.float().pow(2).mean(-1) + eps)).type_as(x) * weight`: cast 2 + 4,
+# RMSNorm `y = x.float(); (y * rsqrt(y.pow(2).mean(-1) + eps)).type_as(x) * weight`: cast 2 + 4,
 # pow 4 + 4, mean 4, multiply 4 + 4, cast back 4 + 2, weight 2 + 2 = 36, fused 4: 32 more.
 EAGER_RMSNORM_EXTRA_BYTES = 32
 # RoPE on q and k `view_as_real(view_as_complex(x.float()) * freqs).type_as(x)`: cast 2 + 4, complex
