@@ -268,7 +268,7 @@ def estimate(
     precision: PrecisionOpt = Precision.BF16.value,
     framework: FrameworkOpt = Framework.MEGATRON.value,
     tp_comm_overlap: Annotated[bool, typer.Option("--tp-comm-overlap/--no-tp-comm-overlap", help="Overlap TP communication with GEMMs (needs sp).")] = False,
-    torch_compile: Annotated[bool, typer.Option("--torch-compile/--no-torch-compile", help="torchtitan: compile each block (fused norms, RoPE, activation); off = eager PyTorch.")] = True,
+    torch_compile: Annotated[Optional[bool], typer.Option("--torch-compile/--no-torch-compile", help="torchtitan: compile each block (fused norms, RoPE, activation; the default); off = eager PyTorch.")] = None,
     memory_margin: MarginOpt = DEFAULT_MEMORY_MARGIN,
     cost_model: CostModelOpt = None,
     as_json: JsonOpt = False,

@@ -427,11 +427,22 @@ def test_torch_compile_is_torchtitans_and_eager_is_only_what_it_can_price():
 
     assert problems(framework="torchtitan", zero=3) == []
     assert any("torchtitan's --compile.enable" in x for x in problems(framework="megatron"))
+    on = ParallelPlan(global_batch=16, seq_len=8192, framework="deepspeed", torch_compile=True)
+    assert any("the Hugging Face model's eager code" in x for x in plan_violations(
+        on, num_gpus=8, num_layers=32, num_heads=32, num_kv_heads=8))
+    assert ParallelPlan(global_batch=16, seq_len=8192).torch_compile is None  # unset: the framework's default
     assert any("priced compiled only" in x for x in problems(framework="torchtitan", zero=3, precision="fp8"))
     tt = load_cluster("grandteton-h100-96gb", 8)
     eager = ParallelPlan(global_batch=16, seq_len=8192, framework="torchtitan", zero=3, torch_compile=False)
     assert setup(LLAMA8, tt, eager, P).split.eager
     assert not setup(LLAMA8, tt, eager.model_copy(update={"torch_compile": True}), P).split.eager
+    assert not setup(LLAMA8, tt, eager.model_copy(update={"torch_compile": None}), P).split.eager
+    # The DeepSpeed engine runs the Hugging Face model's eager code; Megatron fuses; DeepSpeed 0.3 (2021
+    # Megatron-DeepSpeed) fused too.
+    assert setup(LLAMA8, H100, ParallelPlan(global_batch=16, seq_len=8192, framework="deepspeed", zero=3), P).split.eager
+    assert not setup(LLAMA8, H100, ParallelPlan(global_batch=16, seq_len=8192), P).split.eager
+    old = ParallelPlan(global_batch=16, seq_len=8192, framework="deepspeed", zero=3, framework_release="0.3")
+    assert not setup(LLAMA8, H100, old, P).split.eager
 
 
 def test_torchtitan_rows_say_whether_they_compiled():

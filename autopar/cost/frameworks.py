@@ -75,11 +75,15 @@ Sources, per field:
   chosen; without CP flash is chosen too, cuDNN SDPA being opt-in since pytorch#138522.
 - elementwise kernels: Megatron-Core fuses the norms (Transformer Engine / Apex), RoPE
   (--apply-rope-fusion, on by default) and the bias-activation (--bias-swiglu-fusion /
-  --bias-gelu-fusion, on by default) whatever else is set, as Megatron-DeepSpeed does with its
-  fused kernels; torchtitan writes them as plain PyTorch (models/norms.py RMSNorm with an fp32
-  upcast, complex-number RoPE, silu·mul) and fuses them only under torch.compile (plan field
-  torch_compile, --compile.enable): eager, each op is a kernel reading and writing HBM
-  (autopar.model.build EAGER_*_BYTES).
+  --bias-gelu-fusion, on by default) whatever else is set, as the 2021 Megatron-DeepSpeed of the
+  ZeRO-3 baselines did with its fused kernels; torchtitan writes them as plain PyTorch
+  (models/norms.py RMSNorm with an fp32 upcast, complex-number RoPE, silu·mul) and fuses them only
+  under torch.compile (plan field torch_compile, --compile.enable); the DeepSpeed engine runs the
+  Hugging Face model autopar exports, whose LlamaRMSNorm upcasts to fp32 and whose MLP is
+  act(gate)·up in eager PyTorch (it compiles only when the training script calls engine.compile()).
+  Eager, each op is a kernel reading and writing HBM (autopar.model.build EAGER_*_BYTES); LayerNorm
+  and GELU are one ATen kernel each, so the GPT models of the measured DeepSpeed runs move the same
+  bytes either way.
 """
 
 from __future__ import annotations
@@ -108,7 +112,7 @@ class FrameworkProfile:
     cp_repeats_kv_heads: bool = False  # CP moves K/V repeated to the query heads (GQA expanded before SDPA)
     cp_comm_overlapped: bool = True  # CP transfers run behind attention (False: waited where issued)
     tp_backward_overlap: bool = False  # sp backward: input re-gather / dgrad reduce-scatter behind dgrad / wgrad
-    fused_without_compile: bool = True  # norms, RoPE and activation run fused kernels even without torch.compile
+    elementwise: str = "fused"  # norms, RoPE, activation: "fused" kernels | "eager" op by op | "compile": per plan
 
     def attention_kernel(self, arch: str) -> str:
         return dict(self.attention_kernel_by_arch).get(arch, "fa2")
@@ -122,17 +126,17 @@ FRAMEWORK_PROFILES: dict[str, FrameworkProfile] = {
         fp8_one_byte_saved_inputs=True, gather_unit="block", gathers_under_full_recompute=2, prefetch_depth=1,
         tp_backward_overlap=True),
     "deepspeed": FrameworkProfile(
-        name="deepspeed", version="DeepSpeed 0.3-0.19 with Megatron-DeepSpeed models",
+        name="deepspeed", version="DeepSpeed 0.3-0.19 (measured runs: Megatron-DeepSpeed; export: Hugging Face models)",
         attention_kernel_by_arch=(("ampere", "fa2"), ("hopper", "fa2"), ("blackwell", "fa2")),
         selective_policy="modules", fused_cross_entropy=True, persistent_gradients=True,
         fp8_one_byte_saved_inputs=False, gather_unit="module", gathers_under_full_recompute=3, prefetch_depth=1,
-        prefetch_max_params=5e7, persistence_threshold_params=1e5),
+        prefetch_max_params=5e7, persistence_threshold_params=1e5, elementwise="eager"),
     "torchtitan": FrameworkProfile(
         name="torchtitan", version="torchtitan 0.x (Dec 2024 - 0.3) on PyTorch 2.5+",
         attention_kernel_by_arch=(("ampere", "fa2"), ("hopper", "fa2"), ("blackwell", "fa2")),
         selective_policy="op_sac", fused_cross_entropy=False, persistent_gradients=False,
         fp8_one_byte_saved_inputs=False, gather_unit="block", gathers_under_full_recompute=2, prefetch_depth=1,
-        cp_ring="torch", cp_repeats_kv_heads=True, cp_comm_overlapped=False, fused_without_compile=False),
+        cp_ring="torch", cp_repeats_kv_heads=True, cp_comm_overlapped=False, elementwise="compile"),
 }
 
 
@@ -140,7 +144,7 @@ FRAMEWORK_PROFILES: dict[str, FrameworkProfile] = {
 FRAMEWORK_RELEASES: dict[tuple[str, str], FrameworkProfile] = {
     ("deepspeed", "0.3"): replace(
         FRAMEWORK_PROFILES["deepspeed"], version="DeepSpeed 0.3.13-0.5.5 (2021) on PyTorch <= 1.8",
-        synchronous_gathers=True, per_rank_copies=True, gathered_bytes_per_unit_param=6.0),
+        synchronous_gathers=True, per_rank_copies=True, gathered_bytes_per_unit_param=6.0, elementwise="fused"),
 }
 
 

@@ -25,9 +25,9 @@ and float8 as a Float8LinearConverter on any flavour. Mapping of the plan:
 - recompute: none / selective (torchtitan's per-op SAC: the closest policy, not the same set of
   tensors as Megatron's modules) / full (every block). Full of K < all layers is refused.
 - precision: fp8 = the float8 converter (rowwise, lm_head kept in bf16) on any flavour.
-- torch_compile: --compile.enable with components model and loss (autopar prices a compiled block's
-  norms, RoPE and activation as fused kernels; false = eager, each op its own kernel). fp8 and
-  async TP need it (schema.plan refuses them eager).
+- torch_compile: --compile.enable with components model and loss unless it is false (autopar
+  prices a compiled block's norms, RoPE and activation as fused kernels; false = eager, each op its
+  own kernel). fp8 and async TP need it (schema.plan refuses them eager).
 - MoE: torchtitan balances experts with a score bias only; a config's aux-loss coefficient is
   noted as not applied.
 Overlap flags are not settable: FSDP2 always prefetches and overlaps.
@@ -228,7 +228,7 @@ def torchtitan_args(pf: PlanFile, run_args: tuple[str, ...] = ()) -> list[str]:
              "--training.mixed-precision-param", "bfloat16"]
     if plan.pp > 1 or plan.ep > 1:
         args.append("--training.disable-cuda-graphs")  # torchtitan: CUDA graphs support neither pp nor most EP
-    if plan.torch_compile:
+    if plan.torch_compile is not False:
         args += ["--compile.enable", "--compile.components", "model,loss"]
     args.append("--compile.enable-async-tensor-parallel" if plan.tp_comm_overlap
                 else "--compile.no-enable-async-tensor-parallel")

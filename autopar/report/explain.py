@@ -245,7 +245,7 @@ def neighbours(plan: ParallelPlan, num_gpus: int, num_layers: int | None = None)
                     plan.model_copy(update={"recompute": rec})))
     for z in zero_steps(plan.zero, plan.framework):
         out.append((f"zero {plan.zero}→{z}", "zero", plan.model_copy(update={"zero": z})))
-    if not plan.torch_compile:  # an eager torchtitan plan: what compiling its blocks would give
+    if plan.torch_compile is False:  # an eager torchtitan plan: what compiling its blocks would give
         out.append(("torch.compile off→on", "torch_compile", plan.model_copy(update={"torch_compile": True})))
     return out
 

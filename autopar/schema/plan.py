@@ -108,10 +108,10 @@ class ParallelPlan(BaseModel):
         None, gt=0, description="Expert capacity factor (Megatron --moe-expert-capacity-factor); None = dropless. "
         "Tokens beyond capacity are dropped, so the busiest rank carries min(load, capacity factor).")
     framework: Framework = Field(Framework.MEGATRON, description="Target framework.")
-    torch_compile: Flag = Field(
-        True, description="torch.compile each transformer block (torchtitan --compile.enable), fusing its norms, "
-        "RoPE and activation; false = eager PyTorch, op by op. torchtitan only: Megatron-LM and DeepSpeed run "
-        "fused kernels either way.")
+    torch_compile: Flag | None = Field(
+        None, description="torch.compile each transformer block (torchtitan --compile.enable), fusing its norms, "
+        "RoPE and activation; false = eager PyTorch, op by op; None = on, as autopar exports it. torchtitan only: "
+        "Megatron-LM runs fused kernels and DeepSpeed the Hugging Face model's eager code whatever is set.")
     grad_reduce_in_bf16: Flag = Field(
         False, description="Keep and reduce the main gradients in bf16 instead of fp32 (Megatron "
         "--grad-reduce-in-bf16; NeMo optim.grad_sync_dtype bf16). Megatron only.")
@@ -269,10 +269,11 @@ def _framework_violations(plan: ParallelPlan, dp: int) -> list[str]:
     if plan.grad_reduce_in_bf16 and plan.framework != Framework.MEGATRON:
         out.append(f"grad_reduce_in_bf16 is Megatron's --grad-reduce-in-bf16; {plan.framework} sets its gradient "
                    "dtype itself, so turn grad_reduce_in_bf16 off")
-    if not plan.torch_compile and plan.framework != Framework.TORCHTITAN:
-        out.append(f"torch_compile is torchtitan's --compile.enable; {plan.framework} runs fused kernels without "
-                   "it, so leave torch_compile on (drop --no-torch-compile)")
-    if not plan.torch_compile and plan.framework == Framework.TORCHTITAN and (plan.tp_comm_overlap or
+    if plan.torch_compile is not None and plan.framework != Framework.TORCHTITAN:
+        kernels = "fused kernels" if plan.framework == Framework.MEGATRON else "the Hugging Face model's eager code"
+        out.append(f"torch_compile is torchtitan's --compile.enable; {plan.framework} runs {kernels} whatever it "
+                   "says, so leave torch_compile unset (drop --torch-compile / --no-torch-compile)")
+    if plan.torch_compile is False and plan.framework == Framework.TORCHTITAN and (plan.tp_comm_overlap or
                                                                              plan.precision == Precision.FP8):
         out.append("torchtitan's async TP and float8 linears are priced compiled only (async TP is a compile pass; "
                    "float8's casts are fused by it); turn torch_compile on (drop --no-torch-compile) or drop tp_comm_overlap and fp8")

@@ -226,7 +226,7 @@ class Draft(NamedTuple):
     moe_dispatcher = ParallelPlan.model_fields["moe_dispatcher"].default
     moe_load_imbalance = ParallelPlan.model_fields["moe_load_imbalance"].default
     moe_capacity_factor = ParallelPlan.model_fields["moe_capacity_factor"].default
-    torch_compile = True  # the search plans compiled torchtitan (fused elementwise; fp8 and async TP need it)
+    torch_compile = None  # the framework's default: compiled torchtitan (fp8 and async TP need it)
 
     expert_tp = _PLAN_ATTRS["expert_tp"]
     sequence_parallel = _PLAN_ATTRS["sequence_parallel"]
