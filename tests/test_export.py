@@ -64,6 +64,8 @@ ROUND_TRIP = {
                                           moe_dispatcher="allgather", moe_capacity_factor=1.5,
                                           overlap_param_gather=False),
     "qwen3 moe": lambda: plan_file("qwen3-30b-a3b", 32, tp=4, ep=8, etp=1, global_batch=64, seq_len=4096),
+    "qwen3 moe sequential experts": lambda: plan_file("qwen3-30b-a3b", 32, tp=4, ep=8, etp=1, global_batch=64,
+                                                      seq_len=4096, moe_grouped_gemm=False),
     "megatron-fsdp zero3": lambda: plan_file("llama3-70b", 256, tp=4, pp=2, global_batch=256, seq_len=8192, zero=3),
     "megatron-fsdp zero2 hsdp": lambda: plan_file("mixtral-8x7b", 64, tp=2, ep=4, global_batch=128, seq_len=4096,
                                                   zero=2, zero_shard_size=8),
@@ -148,6 +150,8 @@ def test_megatron_recompute_cp_fp8_and_shard_flags():
     assert flag(args, "--fp8-format") == "hybrid" and "--bf16" in args and "--tp-comm-overlap" in args
     assert flag(args, "--num-distributed-optimizer-instances") == "4"  # dp 16 / shard 4
     assert "--recompute-granularity" not in args
+    assert "--moe-grouped-gemm" in megatron_args(ROUND_TRIP["qwen3 moe"]())
+    assert "--moe-grouped-gemm" not in megatron_args(ROUND_TRIP["qwen3 moe sequential experts"]())
     args = megatron_args(ROUND_TRIP["mixtral capacity"]())
     assert flag(args, "--moe-token-dispatcher-type") == "allgather"
     assert flag(args, "--moe-expert-capacity-factor") == "1.5"

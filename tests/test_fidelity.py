@@ -498,3 +498,39 @@ def test_fp8_plans_run_the_output_layer_router_in_bf16_and_cast_linear_operands_
     out_fwd = _compute(only_out, s, H100, P)[0] - base_fwd
     gemm_fwd = gemm_pass_times_s(m, 4096, 4096, 1, 1.0, 989e12 * P.fp8_speedup, hbm, P)[0]
     assert out_fwd == pytest.approx(gemm_fwd + memory_bound_time_s(m * 4096 * 4.0, hbm, P), rel=1e-9)
+
+
+# Megatron's SequentialMLP (no --moe-grouped-gemm): the host launches each local expert's linears.
+def test_sequential_experts_wait_for_the_host_by_hand():
+    from autopar.cost.layer import LINEARS_PER_EXPERT, TE_LINEAR_FORWARD_HOST_S, sequential_experts_host_wait_s
+    assert (LINEARS_PER_EXPERT, TE_LINEAR_FORWARD_HOST_S) == (2, 115e-6)  # TransformerEngine PR #1191
+    qwen = load_model("qwen3-30b-a3b")
+    moe = next(x for x in qwen.layers if x.num_experts)
+    s = _split(ep=8, sequential_experts=True)
+    # 128 experts over ep 8: 16 local, 2 linears each at 115 µs = 3.68 ms of host work; the GPU has
+    # 1.0 ms of experts and 0.5 ms of dispatch queued ahead of it: it waits 2.18 ms.
+    assert sequential_experts_host_wait_s(moe, s, 1.0e-3, 0.5e-3) == pytest.approx(3.68e-3 - 1.5e-3, rel=1e-12)
+    assert sequential_experts_host_wait_s(moe, s, 3.0e-3, 1.0e-3) == 0.0  # the GPU is the slower one
+    assert sequential_experts_host_wait_s(moe, s._replace(sequential_experts=False), 1.0e-3, 0.5e-3) == 0.0
+    assert sequential_experts_host_wait_s(LAYER, s, 1.0e-3, 0.5e-3) == 0.0  # a dense layer has no experts
+    # in a step: Qwen3-30B-A3B on 8 H100, ep 8: the forward of each MoE layer grows by exactly that wait
+    from autopar.cost.layer import layer_cost
+    from autopar.cost.layer import _ep_comm
+    plan = ParallelPlan(global_batch=16, seq_len=4096, ep=8)
+    st = setup(qwen, H100, plan, P)
+    seq = setup(qwen, H100, plan.model_copy(update={"moe_grouped_gemm": False}), P)
+    grouped, sequential = (layer_cost(moe, x.split, x.spans, H100, P, False) for x in (st, seq))
+    experts_s = dict(grouped.module_recompute_s)["moe"]
+    wait = sequential_experts_host_wait_s(moe, seq.split, experts_s, _ep_comm(moe, seq.split, seq.spans, H100, P) / 2)
+    assert wait > 0 and sequential.fwd_compute_s - grouped.fwd_compute_s == pytest.approx(wait, rel=1e-12)
+    assert sequential.bwd_compute_s == grouped.bwd_compute_s
+
+
+def test_grouped_gemm_is_megatrons_switch():
+    from autopar.schema.plan import plan_violations
+    off = dict(global_batch=16, seq_len=4096, ep=8, moe_grouped_gemm=False)
+    kw = dict(num_gpus=8, num_layers=48, num_heads=32, num_kv_heads=4, num_experts=128)
+    assert plan_violations(ParallelPlan(**off), **kw) == []
+    assert any("always groups" in x for x in plan_violations(ParallelPlan(framework="torchtitan", **off), **kw))
+    moe_act = ParallelPlan(recompute=Recompute(mode="selective", modules=("moe_act",)), **off)
+    assert any("moe_act only with --moe-grouped-gemm" in x for x in plan_violations(moe_act, **kw))

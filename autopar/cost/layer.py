@@ -76,6 +76,7 @@ class Split(NamedTuple):
     cp_comm_overlapped: bool = True  # torch ring: transfers hidden behind SDPA steps (False: waited where issued)
     tp_backward_overlap: bool = False  # sp backward: input re-gather and dgrad reduce-scatter behind GEMMs
     eager: bool = False  # elementwise ops run op by op (torchtitan without torch.compile): Layer.eager_bytes_*
+    sequential_experts: bool = False  # Megatron SequentialMLP (no grouped GEMM): expert linears launched one by one
 
 
 class Spans(NamedTuple):
@@ -516,10 +517,10 @@ _NO_GROUP = comm.GroupSpan(1, 1, 1)
 
 
 def expert_blind_split(s: Split) -> Split:
-    """The split with expert parallelism reset (ep, etp, the MoE load, the dispatcher)."""
+    """The split with expert parallelism reset (ep, etp, the MoE load, the dispatcher, sequential experts)."""
     return Split(s.tp, s.sp, s.cp, 1, 1, s.tokens, s.seq_len, s.hidden, s.peak_flops, 1.0, s.cp_comm_type,
                  "alltoall", s.attn_peak_flops, s.attention_kernel, s.cp_ring, s.cp_repeats_kv_heads,
-                 s.cp_comm_overlapped, s.tp_backward_overlap, s.eager)  # (positional: _replace costs 3x, and a search makes ~10^3)
+                 s.cp_comm_overlapped, s.tp_backward_overlap, s.eager, False)  # (positional: _replace costs 3x, and a search makes ~10^3)
 
 
 def expert_blind(s: Split, spans: Spans) -> tuple[Split, Spans]:
@@ -528,6 +529,27 @@ def expert_blind(s: Split, spans: Spans) -> tuple[Split, Spans]:
     checks equal costs on every split), so a search prices such a layer once for all its
     expert layouts (autopar.cost.step.StepMemo)."""
     return expert_blind_split(s), Spans(spans.tp, spans.cp, _NO_GROUP, _NO_GROUP)
+
+
+# CPU time of one Transformer Engine linear's forward as Megatron-Core calls it (TEColumnParallelLinear,
+# BF16, TP 1): 140 µs before and 115 µs after TransformerEngine PR #1191 (Sep 2024, "Minor
+# optimizations to reduce CPU overheads in modules"); Megatron's own ColumnParallelLinear, 74 µs.
+TE_LINEAR_FORWARD_HOST_S = 115e-6
+LINEARS_PER_EXPERT = 2  # fc1 (gate and up fused) and fc2
+
+
+def sequential_experts_host_wait_s(layer: Layer, s: Split, experts_gpu_s: float, dispatch_s: float) -> float:
+    """Forward seconds the GPU waits for the host in an MoE layer run as Megatron's SequentialMLP
+    (no --moe-grouped-gemm): the host launches each local expert's linears from Python
+    (LINEARS_PER_EXPERT · TE_LINEAR_FORWARD_HOST_S each) after the dispatcher's host synchronisation
+    on the token counts, ahead of the GPU only by the dispatch it queued (`dispatch_s`: the all-to-all
+    and ETP gather, half the layer's forward EP traffic, the combine after the experts being the
+    same); the GPU needs `experts_gpu_s` for the experts (their GEMMs, activation, permutations). The backward runs in autograd's
+    engine behind twice the GPU work and is taken as GPU-bound."""
+    if not s.sequential_experts or not layer.num_experts:
+        return 0.0
+    host_s = max(layer.num_experts // s.ep, 1) * LINEARS_PER_EXPERT * TE_LINEAR_FORWARD_HOST_S
+    return max(0.0, host_s - experts_gpu_s - dispatch_s)
 
 
 def layer_cost(layer: Layer, s: Split, spans: Spans, cluster: Cluster, p: CostParams, tp_overlap: bool,
@@ -545,6 +567,7 @@ def layer_cost(layer: Layer, s: Split, spans: Spans, cluster: Cluster, p: CostPa
         cp_bwd = _cp_comm(layer, s, spans, cluster, p, module_s["core_attn"] * p.attention_backward_ratio / 2) * 2
     ep = _ep_comm(layer, s, spans, cluster, p)
     ep_fwd = ep + moe_count_gather_s(layer, s, spans, cluster, p)
+    fwd += sequential_experts_host_wait_s(layer, s, module_s.get("moe", 0.0), ep / 2)
     return LayerCost(
         fwd_compute_s=fwd, bwd_compute_s=bwd, tp_comm_fwd_s=tp, tp_comm_bwd_s=tp_bwd, cp_comm_fwd_s=cp,
         cp_comm_bwd_s=cp_bwd, ep_comm_fwd_s=ep_fwd, ep_comm_bwd_s=ep, module_recompute_s=tuple(sorted(module_s.items())),

@@ -175,7 +175,8 @@ def setup(graph: ModelGraph, cluster: Cluster, plan: ParallelPlan, p: CostParams
                   attn_peak_flops=bf16_peak, attention_kernel=fw.attention_kernel(gpu_arch(cluster.gpu_name)),
                   cp_ring=fw.cp_ring, cp_repeats_kv_heads=fw.cp_repeats_kv_heads,
                   cp_comm_overlapped=fw.cp_comm_overlapped, tp_backward_overlap=fw.tp_backward_overlap,
-                  eager=fw.elementwise == "eager" or (fw.elementwise == "compile" and plan.torch_compile is False))
+                  eager=fw.elementwise == "eager" or (fw.elementwise == "compile" and plan.torch_compile is False),
+                  sequential_experts=not plan.moe_grouped_gemm)
     return StepSetup(layout=layout, split=split)
 
 

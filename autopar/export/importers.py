@@ -218,6 +218,7 @@ def _megatron_comm_types(a: Mapping[str, Any]) -> dict[str, Any]:
             raise InputFileError(f"--moe-token-dispatcher-type {a['moe_token_dispatcher_type']} is not modelled; "
                                  "use alltoall or allgather")
         out["moe_dispatcher"] = a["moe_token_dispatcher_type"]
+        out["moe_grouped_gemm"] = bool(a["moe_grouped_gemm"])
     if a["moe_expert_capacity_factor"] is not None:
         out["moe_capacity_factor"] = a["moe_expert_capacity_factor"]
     return out

@@ -144,7 +144,8 @@ def _moe_args(spec: ModelSpec, plan: ParallelPlan) -> list[str]:
             args.append("--moe-shared-expert-gate")
     args += ["--moe-layer-freq", moe_layer_freq(moe, spec.num_layers)]
     args += router_args(moe)
-    args += ["--moe-grouped-gemm", "--moe-token-dispatcher-type", plan.moe_dispatcher]
+    args += (["--moe-grouped-gemm"] if plan.moe_grouped_gemm else []) + ["--moe-token-dispatcher-type",
+                                                                         plan.moe_dispatcher]
     if plan.moe_capacity_factor is not None:
         args += ["--moe-expert-capacity-factor", repr(plan.moe_capacity_factor)]
     return args

@@ -106,7 +106,7 @@ class Alternative:
     """One neighbouring plan and why it loses, fails or wins (verdict in VERDICTS)."""
 
     name: str  # e.g. "tp 8→16"
-    axis: str  # tp | pp | mbs | recompute | zero | torch_compile
+    axis: str  # tp | pp | mbs | recompute | zero | torch_compile | moe_grouped_gemm
     plan: ParallelPlan
     verdict: str
     reason: str
@@ -166,7 +166,7 @@ def _alternative_dict(a: Alternative, chosen: Estimate) -> dict[str, Any]:
 def _change(a: Alternative) -> dict[str, Any]:
     p = a.plan
     value = {"tp": p.tp, "pp": p.pp, "mbs": p.mbs, "zero": p.zero, "recompute": p.recompute.label(),
-             "torch_compile": p.torch_compile}[a.axis]
+             "torch_compile": p.torch_compile, "moe_grouped_gemm": p.moe_grouped_gemm}[a.axis]
     return {a.axis: value}
 
 
@@ -245,6 +245,8 @@ def neighbours(plan: ParallelPlan, num_gpus: int, num_layers: int | None = None)
                     plan.model_copy(update={"recompute": rec})))
     for z in zero_steps(plan.zero, plan.framework):
         out.append((f"zero {plan.zero}→{z}", "zero", plan.model_copy(update={"zero": z})))
+    if not plan.moe_grouped_gemm:  # Megatron's SequentialMLP: what one grouped GEMM per rank would give
+        out.append(("grouped GEMM off→on", "moe_grouped_gemm", plan.model_copy(update={"moe_grouped_gemm": True})))
     if plan.torch_compile is False:  # an eager torchtitan plan: what compiling its blocks would give
         out.append(("torch.compile off→on", "torch_compile", plan.model_copy(update={"torch_compile": True})))
     return out

@@ -71,7 +71,8 @@ def print_inspect(console: Console, info: dict[str, Any]) -> None:
 def print_estimate(console: Console, plan, est) -> None:
     console.print(f"[bold]{plan.layout()}[/] dp{est.dp} mbs {plan.mbs} · {est.num_microbatches} microbatches · "
                   f"zero {plan.zero} · recompute {plan.recompute.label()} · {plan.precision} · {plan.framework}"
-                  + (" (eager, no torch.compile)" if plan.torch_compile is False else ""))
+                  + (" (eager, no torch.compile)" if plan.torch_compile is False else "")
+                  + (" (experts one by one, no grouped GEMM)" if not plan.moe_grouped_gemm else ""))
     fits = "[green]fits[/]" if est.fits else "[bold red]does NOT fit[/]"
     console.print(f"step {seconds(est.step_time_s)}   {est.tokens_per_s:,.0f} tokens/s   "
                   f"{est.tokens_per_s_per_gpu:,.1f} tokens/s/GPU (P10-P90 of errors on unseen sources: "

@@ -107,6 +107,9 @@ class ParallelPlan(BaseModel):
     moe_capacity_factor: Real | None = Field(
         None, gt=0, description="Expert capacity factor (Megatron --moe-expert-capacity-factor); None = dropless. "
         "Tokens beyond capacity are dropped, so the busiest rank carries min(load, capacity factor).")
+    moe_grouped_gemm: Flag = Field(
+        True, description="Run a rank's local experts as one grouped GEMM (Megatron --moe-grouped-gemm); false = "
+        "Megatron's SequentialMLP, one pair of Transformer Engine linears per expert, launched from Python.")
     framework: Framework = Field(Framework.MEGATRON, description="Target framework.")
     torch_compile: Flag | None = Field(
         None, description="torch.compile each transformer block (torchtitan --compile.enable), fusing its norms, "
@@ -269,6 +272,11 @@ def _framework_violations(plan: ParallelPlan, dp: int) -> list[str]:
     if plan.grad_reduce_in_bf16 and plan.framework != Framework.MEGATRON:
         out.append(f"grad_reduce_in_bf16 is Megatron's --grad-reduce-in-bf16; {plan.framework} sets its gradient "
                    "dtype itself, so turn grad_reduce_in_bf16 off")
+    if not plan.moe_grouped_gemm and plan.framework != Framework.MEGATRON:
+        out.append(f"moe_grouped_gemm is Megatron's --moe-grouped-gemm; {plan.framework} always groups its experts' "
+                   "GEMMs, so leave moe_grouped_gemm on")
+    if not plan.moe_grouped_gemm and plan.recompute.mode == RecomputeMode.SELECTIVE and "moe_act" in plan.recompute.modules:
+        out.append("Megatron recomputes moe_act only with --moe-grouped-gemm; turn moe_grouped_gemm on or drop moe_act")
     if plan.torch_compile is not None and plan.framework != Framework.TORCHTITAN:
         kernels = "fused kernels" if plan.framework == Framework.MEGATRON else "the Hugging Face model's eager code"
         out.append(f"torch_compile is torchtitan's --compile.enable; {plan.framework} runs {kernels} whatever it "

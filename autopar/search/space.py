@@ -226,6 +226,7 @@ class Draft(NamedTuple):
     moe_dispatcher = ParallelPlan.model_fields["moe_dispatcher"].default
     moe_load_imbalance = ParallelPlan.model_fields["moe_load_imbalance"].default
     moe_capacity_factor = ParallelPlan.model_fields["moe_capacity_factor"].default
+    moe_grouped_gemm = True  # what autopar exports (--moe-grouped-gemm)
     torch_compile = None  # the framework's default: compiled torchtitan (fp8 and async TP need it)
 
     expert_tp = _PLAN_ATTRS["expert_tp"]
