@@ -544,8 +544,8 @@ def sequential_experts_host_wait_s(layer: Layer, s: Split, experts_gpu_s: float,
     (LINEARS_PER_EXPERT · TE_LINEAR_FORWARD_HOST_S each) after the dispatcher's host synchronisation
     on the token counts, ahead of the GPU only by the dispatch it queued (`dispatch_s`: the all-to-all
     and ETP gather, half the layer's forward EP traffic, the combine after the experts being the
-    same); the GPU needs `experts_gpu_s` for the experts (their GEMMs, activation, permutations). The backward runs in autograd's
-    engine behind twice the GPU work and is taken as GPU-bound."""
+    same); the GPU needs `experts_gpu_s` for the experts (their GEMMs, activation, permutations).
+    The backward runs in autograd's engine behind twice the GPU work and is taken as GPU-bound."""
     if not s.sequential_experts or not layer.num_experts:
         return 0.0
     host_s = max(layer.num_experts // s.ep, 1) * LINEARS_PER_EXPERT * TE_LINEAR_FORWARD_HOST_S

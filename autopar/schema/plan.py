@@ -275,7 +275,8 @@ def _framework_violations(plan: ParallelPlan, dp: int) -> list[str]:
     if not plan.moe_grouped_gemm and plan.framework != Framework.MEGATRON:
         out.append(f"moe_grouped_gemm is Megatron's --moe-grouped-gemm; {plan.framework} always groups its experts' "
                    "GEMMs, so leave moe_grouped_gemm on")
-    if not plan.moe_grouped_gemm and plan.recompute.mode == RecomputeMode.SELECTIVE and "moe_act" in plan.recompute.modules:
+    if (not plan.moe_grouped_gemm and plan.recompute.mode == RecomputeMode.SELECTIVE
+            and "moe_act" in plan.recompute.modules):
         out.append("Megatron recomputes moe_act only with --moe-grouped-gemm; turn moe_grouped_gemm on or drop moe_act")
     if plan.torch_compile is not None and plan.framework != Framework.TORCHTITAN:
         kernels = "fused kernels" if plan.framework == Framework.MEGATRON else "the Hugging Face model's eager code"
