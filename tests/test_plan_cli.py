@@ -77,3 +77,19 @@ def test_compare_needs_inputs():
 def test_compare_missing_plan_file():
     r = runner.invoke(app, ["compare", "/nonexistent/plan.json"])
     assert r.exit_code == 2 and "does not exist" in r.output
+
+
+def test_compare_names_the_switch_two_plans_differ_in(tmp_path):
+    """An eager and a compiled torchtitan plan share their layout; the table says what else differs."""
+    args = ["plan", "llama3-8b", "--cluster", "grandteton-h100-96gb", "--gpus", "8", "--seq-len", "8192",
+            "--global-batch", "16", "--framework", "torchtitan", "--top", "1", "--quiet"]
+    compiled, eager = tmp_path / "compiled.json", tmp_path / "eager.json"
+    assert runner.invoke(app, args + ["--out", str(compiled)]).exit_code == 0
+    data = json.loads(compiled.read_text())
+    data["parallel"]["torch_compile"] = False
+    eager.write_text(json.dumps(data))
+    r = runner.invoke(app, ["compare", str(compiled), str(eager)], env={"COLUMNS": "160"})
+    assert r.exit_code == 0, r.output
+    row = next(line for line in r.output.splitlines() if "norms, RoPE, activation" in line)
+    assert "compiled" in row and "eager (no torch.compile)" in row  # unset = torchtitan's default: compiled
+    assert "grouped GEMM" not in r.output and "precision" not in r.output  # the same in both: no row

@@ -238,4 +238,28 @@ def print_compare(console: Console, entries) -> None:
         values = [r[j] for r in rows]
         differs = len(set(values)) > 1
         t.add_row(f"[yellow]{col}[/]" if differs else col, *values)
+    for col, value in _SWITCH_ROWS:  # shown only where the compared plans differ in it
+        values = [value(p) for _, p, _ in entries]
+        if len(set(values)) > 1:
+            t.add_row(f"[yellow]{col}[/]", *values)
     console.print(t)
+
+
+def _elementwise_kernels(plan) -> str:
+    """How the plan's framework runs the elementwise ops (autopar.cost.frameworks, elementwise)."""
+    from autopar.cost.frameworks import framework_profile  # only when two plans' kernels may differ
+
+    kind = framework_profile(plan.framework, plan.framework_release).elementwise
+    if kind == "compile":
+        return "eager (no torch.compile)" if plan.torch_compile is False else "compiled"
+    return "eager (Hugging Face model)" if kind == "eager" else "fused kernels"
+
+
+# Plan switches that change the price without changing the layout: a row in `compare` when they differ.
+_SWITCH_ROWS = (
+    ("precision", lambda p: str(p.precision)),
+    ("framework", lambda p: str(p.framework)),
+    ("norms, RoPE, activation", lambda p: _elementwise_kernels(p)),
+    ("grouped GEMM", lambda p: "on" if p.moe_grouped_gemm else "off (experts one by one)"),
+    ("tp comm overlap", lambda p: "on" if p.tp_comm_overlap else "off"),
+)
