@@ -36,6 +36,9 @@ OP_SAC = "op_sac"  # the selective policy of torchtitan (see autopar.cost.framew
 # fp8_output_proj) and torchtitan's float8 converter leaves "output" out (filter_fqns); the router
 # is a plain matmul in the input (or fp32) dtype (moe/router.py gating), as is the shared-expert gate.
 BF16_ONLY_GEMMS = frozenset({"router", "shared_gate"})
+# Linears that take their input from the norm before them (TE LayerNormLinear): the attention's
+# input projection (q for MLA without a q low rank) and the dense MLP's fc1.
+NORM_FED_GEMMS = frozenset({"qkv", "q", "mlp_fc1"})
 # An fp8 linear casts its bf16 operands with a fused cast-transpose kernel (Transformer Engine 1.x
 # fp8_cast_transpose_fused; the transposed copy feeds the weight gradient): the input in forward
 # and the output gradient in backward, each read 2 + write 1 + 1 = 4 bytes per element. A linear
@@ -125,16 +128,16 @@ class LayerCost:
 _ID_TO_GEMM_ROWS: dict[int, tuple[Layer, tuple]] = {}
 
 
-def _gemm_rows(layer: Layer) -> tuple[tuple[str, int, int, float, int, str, bool], ...]:
-    """(split, n, k, tokens_per_token, num_experts, recompute module, runs in fp8 under an fp8 plan)
-    of each of the layer's GEMMs, what _compute reads of them, kept per layer object (a search
-    prices each layer ~10^3 times)."""
+def _gemm_rows(layer: Layer) -> tuple[tuple[str, int, int, float, int, str, bool, bool], ...]:
+    """(split, n, k, tokens_per_token, num_experts, recompute module, runs in fp8 under an fp8 plan,
+    fed by its norm) of each of the layer's GEMMs, what _compute reads of them, kept per layer
+    object (a search prices each layer ~10^3 times)."""
     hit = _ID_TO_GEMM_ROWS.get(id(layer))
     if hit is None or hit[0] is not layer:
         rows = tuple(((("expert_col" if g.split == "expert_col" else "expert_row") if g.is_expert else
                        g.split if g.split in ("none", "row") else "col"), g.n, g.k, g.tokens_per_token,
-                      g.num_experts, _gemm_module(g.name), g.split != "vocab" and g.name not in BF16_ONLY_GEMMS)
-                     for g in layer.gemms)
+                      g.num_experts, _gemm_module(g.name), g.split != "vocab" and g.name not in BF16_ONLY_GEMMS,
+                      g.name in NORM_FED_GEMMS) for g in layer.gemms)
         if len(_ID_TO_GEMM_ROWS) > 4096:  # layers of graphs no longer used
             _ID_TO_GEMM_ROWS.clear()
         hit = _ID_TO_GEMM_ROWS[id(layer)] = (layer, rows)
@@ -187,7 +190,7 @@ def _compute(layer: Layer, s: Split, cluster: Cluster, p: CostParams,
     # (m, n, k, count) of each GEMM on one rank: routed experts see the busiest rank's tokens over its
     # local experts, ETP-split; replicated GEMMs see T/tp tokens under sp; row/col split k/n by tp
     bf16_peak = s.attn_peak_flops or s.peak_flops
-    for split, gn, gk, per_token, experts, mod, fp8_ok in _gemm_rows(layer):
+    for split, gn, gk, per_token, experts, mod, fp8_ok, norm_fed in _gemm_rows(layer):
         peak, width = (s.peak_flops, operand_bytes) if fp8_ok else (bf16_peak, float(BF16_BYTES))
         if split == "expert_col" or split == "expert_row":
             count = max(experts // s.ep, 1)
@@ -208,8 +211,7 @@ def _compute(layer: Layer, s: Split, cluster: Cluster, p: CostParams,
                 hit = gemm_memo[key] = gemm_pass_times_s(m, n, k, count, width, peak, hbm, p)
             t, t_bwd = hit
         if fp8_ok and width < BF16_BYTES:
-            t_cast, t_bwd_cast = fp8_cast_s(m, n, k, count, split == "col" and gk == s.hidden and mod in ("", "mlp"),
-                                            hbm, p)
+            t_cast, t_bwd_cast = fp8_cast_s(m, n, k, count, norm_fed, hbm, p)
             t, t_bwd = t + t_cast, t_bwd + t_bwd_cast
         gemm_fwd += t
         gemm_bwd += t_bwd
@@ -335,7 +337,7 @@ def _tp_comm_bwd(layer: Layer, s: Split, spans: Spans, cluster: Cluster, p: Cost
     t = blocks * ag
     opened = 0
     operand_bytes = _gemm_operand_bytes(s)
-    for split, gn, gk, _, _, _, _ in _gemm_rows(layer):
+    for split, gn, gk, *_ in _gemm_rows(layer):
         if split != "col" or gk != s.hidden or opened >= blocks:
             continue
         m, n, k = s.tokens, gn / s.tp, gk

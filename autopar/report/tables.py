@@ -259,7 +259,7 @@ def _elementwise_kernels(plan) -> str:
 _SWITCH_ROWS = (
     ("precision", lambda p: str(p.precision)),
     ("framework", lambda p: str(p.framework)),
-    ("norms, RoPE, activation", lambda p: _elementwise_kernels(p)),
+    ("norms, RoPE, activation", _elementwise_kernels),
     ("grouped GEMM", lambda p: "on" if p.moe_grouped_gemm else "off (experts one by one)"),
     ("tp comm overlap", lambda p: "on" if p.tp_comm_overlap else "off"),
 )
