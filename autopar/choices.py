@@ -45,7 +45,7 @@ FRAMEWORK_ZERO_STAGES = {Framework.MEGATRON: (0, 1, 2, 3), Framework.DEEPSPEED: 
 FRAMEWORK_DEFAULT_ZERO = {Framework.MEGATRON: 1, Framework.DEEPSPEED: 1, Framework.TORCHTITAN: 3}
 # Older releases with their own cost profile (autopar.cost.frameworks.FRAMEWORK_RELEASES); a plan
 # without a release describes the current ones. "0.3": DeepSpeed 0.3.13-0.5.5 (2021) on PyTorch <= 1.8.
-FRAMEWORK_OLDER_RELEASES = {Framework.MEGATRON: (), Framework.DEEPSPEED: ("0.3",), Framework.TORCHTITAN: ()}
+FRAMEWORK_OLDER_RELEASES = {Framework.MEGATRON: (), Framework.DEEPSPEED: ("0.3",), Framework.TORCHTITAN: ("2024-12",)}
 
 
 def default_zero(framework: str) -> int:

@@ -534,3 +534,49 @@ def test_grouped_gemm_is_megatrons_switch():
     assert any("always groups" in x for x in plan_violations(ParallelPlan(framework="torchtitan", **off), **kw))
     moe_act = ParallelPlan(recompute=Recompute(mode="selective", modules=("moe_act",)), **off)
     assert any("moe_act only with --moe-grouped-gemm" in x for x in plan_violations(moe_act, **kw))
+
+
+# torchao's float8 (torchtitan) casts every operand dynamically, an amax pass and a cast per tensor.
+def test_torchao_float8_casts_by_hand():
+    from autopar.cost.compute import memory_bound_time_s
+    from autopar.cost.layer import fp8_cast_bytes, fp8_cast_s
+    # Llama-3-8B's qkv on 8192 tokens: x 8192 x 4096, W 6144 x 4096, dy 8192 x 6144
+    m, n, k = 8192, 6144, 4096
+    x, w, dy = 33_554_432, 25_165_824, 50_331_648
+    # Transformer Engine: the norm writes x in fp8 (+1 byte transposed), dy cast-transposed (4), weights cached
+    assert fp8_cast_bytes(m, n, k, True, "te") == (x * 1.0, dy * 4.0)
+    # tensorwise (torchao eab345c): forward 5 bytes on x and W (amax 2 + cast 3); backward dy cast into
+    # both layouts (5 + 1), x and W transposed for torch._scaled_mm (1 + 1 each)
+    assert fp8_cast_bytes(m, n, k, True, "torchao_tensorwise") == (5 * (x + w), 6 * dy + 2 * (x + w))
+    assert fp8_cast_bytes(m, n, k, True, "torchao_tensorwise") == (293_601_280, 419_430_400)
+    # rowwise (torchao 0.9+, torchtitan 0.3): backward re-casts x and W and casts dy along both axes
+    assert fp8_cast_bytes(m, n, k, False, "torchao_rowwise") == (293_601_280, 5 * (x + w + 2 * dy))
+    assert fp8_cast_bytes(m, n, k, False, "torchao_rowwise")[1] == 796_917_760
+    hbm = H100.hbm_bytes_per_s
+    fwd, bwd = fp8_cast_s(m, n, k, 1, True, hbm, P, "torchao_tensorwise")
+    assert fwd == pytest.approx(293_601_280 / (3.35e12 * P.hbm_efficiency) + 4 * P.kernel_overhead_s, rel=1e-3)
+    assert bwd == pytest.approx(memory_bound_time_s(419_430_400, hbm, P, kernels=4), rel=1e-12)
+    with pytest.raises(ValueError, match="unknown fp8 cast recipe"):
+        fp8_cast_bytes(m, n, k, False, "mxfp8")
+
+
+def test_fp8_cast_recipe_follows_the_framework_release():
+    from autopar.validate.dataset import load_runs
+    assert framework_profile("megatron").fp8_casts == "te"
+    assert framework_profile("torchtitan").fp8_casts == "torchao_rowwise"  # torchtitan 0.3's only recipe
+    assert framework_profile("torchtitan", "2024-12").fp8_casts == "torchao_tensorwise"
+    titan = ParallelPlan(global_batch=16, seq_len=8192, framework="torchtitan", precision="fp8", zero=3)
+    assert setup(LLAMA8, H100, titan, P).split.fp8_casts == "torchao_rowwise"
+    old = titan.model_copy(update={"framework_release": "2024-12"})
+    assert setup(LLAMA8, H100, old, P).split.fp8_casts == "torchao_tensorwise"
+    assert all(r.framework_release == "2024-12" for r in load_runs({"torchtitan-2412"}))
+    # a layer's fp8 forward grows by exactly its GEMMs' casts: qkv alone, TE vs torchao tensorwise
+    only_qkv = replace(LAYER, gemms=tuple(g for g in LAYER.gemms if g.name == "qkv"))
+    s = _split(peak_flops=989e12 * P.fp8_speedup)
+    te, tw = (_compute(only_qkv, s._replace(fp8_casts=r), H100, P) for r in ("te", "torchao_tensorwise"))
+    from autopar.cost.layer import fp8_cast_s
+    hbm = H100.hbm_bytes_per_s
+    delta = [a - b for a, b in zip(fp8_cast_s(8192, 6144, 4096, 1, True, hbm, P, "torchao_tensorwise"),
+                                   fp8_cast_s(8192, 6144, 4096, 1, True, hbm, P, "te"))]
+    assert tw[0] - te[0] == pytest.approx(delta[0], rel=1e-9)
+    assert tw[1] - te[1] == pytest.approx(delta[1], rel=1e-9)

@@ -119,7 +119,8 @@ def test_expert_blind_resets_only_the_expert_fields():
     values = {"tp": 2, "sp": True, "cp": 4, "ep": 8, "etp": 2, "tokens": 1024.0, "seq_len": 8192, "hidden": 4096,
               "peak_flops": 9.89e14, "moe_load": 1.3, "cp_comm_type": "a2a", "moe_dispatcher": "allgather",
               "attn_peak_flops": 9.0e14, "attention_kernel": "cudnn", "cp_ring": "torch", "cp_repeats_kv_heads": True,
-              "cp_comm_overlapped": False, "tp_backward_overlap": True, "eager": True, "sequential_experts": True}
+              "cp_comm_overlapped": False, "tp_backward_overlap": True, "eager": True, "sequential_experts": True,
+              "fp8_casts": "torchao_rowwise"}
     assert set(values) == set(Split._fields)  # a new field must be added here and in expert_blind
     s = Split(**values)
     assert all(getattr(s, name) != default for name, default in Split._field_defaults.items())

@@ -23,8 +23,13 @@ Sources, per field:
   (set_to_none), so no gradient is resident at the forward/backward peak of the first microbatch.
 - fp8: Transformer Engine saves the fp8 casts (1 byte) of GEMM inputs for the weight gradient;
   torchao's float8 linears save the bf16 inputs and re-cast them (torchao float8 README). In both,
-  fp8 covers the transformer layers' linears, each casting its input and output gradient
-  (autopar.cost.layer.fp8_cast_s); the output layer and the router run in bf16.
+  fp8 covers the transformer layers' linears, each casting its operands (autopar.cost.layer
+  fp8_cast_bytes); the output layer and the router run in bf16. How they cast (fp8_casts): TE casts
+  input and output gradient with fused cast-transpose kernels and caches the weights' casts over
+  the step's microbatches ("te"); torchao scales dynamically, an amax pass and a cast per tensor on
+  every call, the weights included: tensorwise in torchtitan of Dec 2024 (torchao eab345c, casts
+  saved in fp8, transposing copies for torch._scaled_mm's layouts), rowwise in torchtitan 0.3 (its
+  only recipe: every operand re-cast in backward along the axis its GEMM needs).
 - parameter gathers: DeepSpeed ZeRO-3 gathers per module (each nn.Linear / LayerNorm's
   parameters when its forward pre-hook fires; Rajbhandari et al. 2020 §5), so a full-recompute
   backward runs the module hooks again (forward, recompute, backward: three gathers); FSDP2
@@ -49,6 +54,9 @@ Sources, per field:
   TP by default) and Megatron-DeepSpeed's tp all-reduce are charged as the forward.
 - releases: where an older release of a framework behaved differently and measured runs used it, a
   release profile describes it (FRAMEWORK_RELEASES; a plan names it in `framework_release`).
+  torchtitan of December 2024 (commit 9dec370 with torchao eab345c, the torchtitan-2412 runs):
+  float8 linears with dynamic tensorwise scaling, the default then (--float8.scaling_type_* dynamic);
+  torchtitan 0.3's Float8LinearConverter offers rowwise recipes only.
   DeepSpeed 0.3.13-0.5.5 (March-October 2021, the SC'21 ZeRO-3 runs) on PyTorch <= 1.8:
   partition_parameters._allgather_param calls torch.cuda.synchronize() before every parameter
   all-gather and fetch_sub_module waits for it, so gathers never overlap compute ("the async version
@@ -113,6 +121,7 @@ class FrameworkProfile:
     cp_comm_overlapped: bool = True  # CP transfers run behind attention (False: waited where issued)
     tp_backward_overlap: bool = False  # sp backward: input re-gather / dgrad reduce-scatter behind dgrad / wgrad
     elementwise: str = "fused"  # norms, RoPE, activation: "fused" kernels | "eager" op by op | "compile": per plan
+    fp8_casts: str = "te"  # how fp8 linears cast their operands (autopar.cost.layer.FP8_CAST_RECIPES)
 
     def attention_kernel(self, arch: str) -> str:
         return dict(self.attention_kernel_by_arch).get(arch, "fa2")
@@ -132,11 +141,12 @@ FRAMEWORK_PROFILES: dict[str, FrameworkProfile] = {
         fp8_one_byte_saved_inputs=False, gather_unit="module", gathers_under_full_recompute=3, prefetch_depth=1,
         prefetch_max_params=5e7, persistence_threshold_params=1e5, elementwise="eager"),
     "torchtitan": FrameworkProfile(
-        name="torchtitan", version="torchtitan 0.x (Dec 2024 - 0.3) on PyTorch 2.5+",
+        name="torchtitan", version="torchtitan 0.3 with torchao 0.18 on PyTorch 2.9+",
         attention_kernel_by_arch=(("ampere", "fa2"), ("hopper", "fa2"), ("blackwell", "fa2")),
         selective_policy="op_sac", fused_cross_entropy=False, persistent_gradients=False,
         fp8_one_byte_saved_inputs=False, gather_unit="block", gathers_under_full_recompute=2, prefetch_depth=1,
-        cp_ring="torch", cp_repeats_kv_heads=True, cp_comm_overlapped=False, elementwise="compile"),
+        cp_ring="torch", cp_repeats_kv_heads=True, cp_comm_overlapped=False, elementwise="compile",
+        fp8_casts="torchao_rowwise"),
 }
 
 
@@ -145,6 +155,9 @@ FRAMEWORK_RELEASES: dict[tuple[str, str], FrameworkProfile] = {
     ("deepspeed", "0.3"): replace(
         FRAMEWORK_PROFILES["deepspeed"], version="DeepSpeed 0.3.13-0.5.5 (2021) on PyTorch <= 1.8",
         synchronous_gathers=True, per_rank_copies=True, gathered_bytes_per_unit_param=6.0, elementwise="fused"),
+    ("torchtitan", "2024-12"): replace(
+        FRAMEWORK_PROFILES["torchtitan"], version="torchtitan 9dec370 (Dec 2024) with torchao eab345c on PyTorch 2.6 nightly",
+        fp8_casts="torchao_tensorwise"),
 }
 
 

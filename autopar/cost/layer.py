@@ -44,10 +44,26 @@ NORM_FED_GEMMS = frozenset({"qkv", "q", "mlp_fc1"})
 # and the output gradient in backward, each read 2 + write 1 + 1 = 4 bytes per element. A linear
 # opened by its norm (TE LayerNormLinear: qkv, the dense fc1) gets its input in fp8 from the norm
 # kernel (1 byte written where the fused minimum counts 2) and transposes it (1 + 1): 1 byte more.
-# Weight casts run once per step (cached over microbatches) and are left out. torchao's float8
-# (torchtitan) is priced with the same bytes; its own fitted fp8 gain takes the difference.
+# Weight casts run once per step (cached over microbatches) and are left out.
 FP8_CAST_BYTES = 4.0
 FP8_NORM_FED_CAST_BYTES = 1.0
+# torchao's float8 linears (torchtitan) scale dynamically: every cast is an amax reduction over the
+# tensor (read 2 bytes per element) and then the cast (read 2, write 1), 5 bytes, for the weight too,
+# on every call (no cache across microbatches), none of it fused with the producer.
+# - "torchao_tensorwise" (torchao eab345c of Dec 2024, torchtitan 9dec370's default: dynamic
+#   tensorwise scaling; torchao/float8/float8_linear.py manual_float8_matmul_with_args_in_float8):
+#   forward casts the input and the weight and saves both in fp8; backward casts the output
+#   gradient once and writes it in both layouts (+1 byte), and torch._scaled_mm, which takes its
+#   first operand row-major and its second column-major, needs the saved input and weight in the
+#   other layout: a transposing copy each (read 1, write 1). Per element of input, output gradient
+#   and weight: 5 + 2, 6, 5 + 2.
+# - "torchao_rowwise" (torchao 0.9+, torchtitan 0.3's only recipe, Float8LinearConverter "rowwise";
+#   float8_linear.py matmul_with_hp_or_float8_args): forward casts the input and the weight and
+#   saves them in bf16; backward casts each again along the axis its GEMM needs and the output
+#   gradient along both axes: 10 bytes per element of each. Its GEMMs (CUTLASS rowwise-scaled on
+#   Hopper) are priced at the same fp8 gain as tensorwise ones.
+TORCHAO_CAST_BYTES = 5.0
+FP8_CAST_RECIPES = ("te", "torchao_tensorwise", "torchao_rowwise")
 # Parallel blocks per layer, each an all-gather + reduce-scatter (sp) or an all-reduce: attention
 # and MLP in a dense layer; attention only in an MoE layer (the routed experts talk over EP), plus
 # its shared experts (_tp_blocks); the vocab-parallel head; the embedding's reduction counts as
@@ -80,6 +96,7 @@ class Split(NamedTuple):
     tp_backward_overlap: bool = False  # sp backward: input re-gather and dgrad reduce-scatter behind GEMMs
     eager: bool = False  # elementwise ops run op by op (torchtitan without torch.compile): Layer.eager_bytes_*
     sequential_experts: bool = False  # Megatron SequentialMLP (no grouped GEMM): expert linears launched one by one
+    fp8_casts: str = "te"  # how fp8 linears cast their operands (FP8_CAST_RECIPES)
 
 
 class Spans(NamedTuple):
@@ -161,14 +178,34 @@ def gemm_pass_times_s(m: float, n: float, k: float, count: float, operand_bytes:
             + gemm_time_s(m, n, k, peak_flops, p, count, wgrad_b, hbm_bytes_per_s))
 
 
+def fp8_cast_bytes(m: float, n: float, k: float, norm_fed: bool, recipe: str = "te") -> tuple[float, float]:
+    """(forward, backward) HBM bytes of one fp8 linear's operand casts for one microbatch: input x
+    (m × k), weight W (n × k), output gradient dy (m × n), by the framework's cast recipe
+    (FP8_CAST_RECIPES; the constants above say where each count comes from)."""
+    x, w, dy = m * k, n * k, m * n
+    if recipe == "te":
+        return x * (FP8_NORM_FED_CAST_BYTES if norm_fed else FP8_CAST_BYTES), dy * FP8_CAST_BYTES
+    cast = TORCHAO_CAST_BYTES
+    if recipe == "torchao_tensorwise":
+        return cast * (x + w), (cast + 1.0) * dy + 2.0 * (x + w)
+    if recipe == "torchao_rowwise":
+        return cast * (x + w), cast * (x + w + 2.0 * dy)
+    raise ValueError(f"unknown fp8 cast recipe {recipe!r}; choose from {', '.join(FP8_CAST_RECIPES)}")
+
+
+# Kernels per (forward, backward) cast of one linear: TE one fused cast-transpose each way; torchao an
+# amax and a cast per tensor (tensorwise backward: dy's pair and two transposing copies).
+_CAST_KERNELS = {"te": (1, 1), "torchao_tensorwise": (4, 4), "torchao_rowwise": (4, 8)}
+
+
 def fp8_cast_s(m: float, n: float, k: float, count: float, norm_fed: bool, hbm_bytes_per_s: float,
-               p: CostParams) -> tuple[float, float]:
-    """(forward, backward) seconds of an fp8 GEMM's operand casts: its m·k input (FP8_CAST_BYTES
-    per element, FP8_NORM_FED_CAST_BYTES when its norm writes it in fp8) and its m·n output
-    gradient, one kernel each per GEMM."""
-    fwd_bytes = m * k * (FP8_NORM_FED_CAST_BYTES if norm_fed else FP8_CAST_BYTES)
-    return (count * memory_bound_time_s(fwd_bytes, hbm_bytes_per_s, p),
-            count * memory_bound_time_s(m * n * FP8_CAST_BYTES, hbm_bytes_per_s, p))
+               p: CostParams, recipe: str = "te") -> tuple[float, float]:
+    """(forward, backward) seconds of `count` fp8 GEMMs' operand casts (fp8_cast_bytes) at the
+    achieved HBM bandwidth."""
+    fwd_bytes, bwd_bytes = fp8_cast_bytes(m, n, k, norm_fed, recipe)
+    fwd_kernels, bwd_kernels = _CAST_KERNELS[recipe]
+    return (count * memory_bound_time_s(fwd_bytes, hbm_bytes_per_s, p, kernels=fwd_kernels),
+            count * memory_bound_time_s(bwd_bytes, hbm_bytes_per_s, p, kernels=bwd_kernels))
 
 
 def _gemm_operand_bytes(s: Split) -> float:
@@ -211,7 +248,7 @@ def _compute(layer: Layer, s: Split, cluster: Cluster, p: CostParams,
                 hit = gemm_memo[key] = gemm_pass_times_s(m, n, k, count, width, peak, hbm, p)
             t, t_bwd = hit
         if fp8_ok and width < BF16_BYTES:
-            t_cast, t_bwd_cast = fp8_cast_s(m, n, k, count, norm_fed, hbm, p)
+            t_cast, t_bwd_cast = fp8_cast_s(m, n, k, count, norm_fed, hbm, p, s.fp8_casts)
             t, t_bwd = t + t_cast, t_bwd + t_bwd_cast
         gemm_fwd += t
         gemm_bwd += t_bwd
@@ -522,7 +559,7 @@ def expert_blind_split(s: Split) -> Split:
     """The split with expert parallelism reset (ep, etp, the MoE load, the dispatcher, sequential experts)."""
     return Split(s.tp, s.sp, s.cp, 1, 1, s.tokens, s.seq_len, s.hidden, s.peak_flops, 1.0, s.cp_comm_type,
                  "alltoall", s.attn_peak_flops, s.attention_kernel, s.cp_ring, s.cp_repeats_kv_heads,
-                 s.cp_comm_overlapped, s.tp_backward_overlap, s.eager, False)  # (positional: _replace costs 3x, and a search makes ~10^3)
+                 s.cp_comm_overlapped, s.tp_backward_overlap, s.eager, False, s.fp8_casts)  # (positional: _replace costs 3x, and a search makes ~10^3)
 
 
 def expert_blind(s: Split, spans: Spans) -> tuple[Split, Spans]:

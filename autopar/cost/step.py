@@ -176,7 +176,7 @@ def setup(graph: ModelGraph, cluster: Cluster, plan: ParallelPlan, p: CostParams
                   cp_ring=fw.cp_ring, cp_repeats_kv_heads=fw.cp_repeats_kv_heads,
                   cp_comm_overlapped=fw.cp_comm_overlapped, tp_backward_overlap=fw.tp_backward_overlap,
                   eager=fw.elementwise == "eager" or (fw.elementwise == "compile" and plan.torch_compile is False),
-                  sequential_experts=not plan.moe_grouped_gemm)
+                  sequential_experts=not plan.moe_grouped_gemm, fp8_casts=fw.fp8_casts)
     return StepSetup(layout=layout, split=split)
 
 

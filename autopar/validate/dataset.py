@@ -121,7 +121,8 @@ _SOURCE_TO_FRAMEWORK = {
 # Source -> the older framework release its runs used, where autopar has a profile for it
 # (autopar.cost.frameworks.FRAMEWORK_RELEASES). narayanan21-zero3: arXiv 2104.04473 v1 (April 2021)
 # came out weeks after ZeRO-3's first release (DeepSpeed v0.3.13, March 2021): DeepSpeed 0.3.
-_SOURCE_TO_RELEASE = {"narayanan21-zero3": "0.3"}
+# torchtitan-2412: the benchmark file's own versions table (torchtitan 9dec370, torchao eab345c).
+_SOURCE_TO_RELEASE = {"narayanan21-zero3": "0.3", "torchtitan-2412": "2024-12"}
 # Runs whose recipe keeps and reduces gradients in bf16 (Megatron --grad-reduce-in-bf16). Nemotron-4
 # 340B: NeMo-Framework-Launcher launcher_scripts/conf/training/nemotron/nemotron_340b.yaml sets
 # optim.name mcore_distributed_optim with grad_sync_dtype bf16, which NeMo turns into
