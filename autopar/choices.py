@@ -44,8 +44,11 @@ FRAMEWORK_ZERO_STAGES = {Framework.MEGATRON: (0, 1, 2, 3), Framework.DEEPSPEED: 
 # stage 1 (the optimizer-state partitioning Megatron-DeepSpeed uses), torchtitan's FSDP2 full shard.
 FRAMEWORK_DEFAULT_ZERO = {Framework.MEGATRON: 1, Framework.DEEPSPEED: 1, Framework.TORCHTITAN: 3}
 # Older releases with their own cost profile (autopar.cost.frameworks.FRAMEWORK_RELEASES); a plan
-# without a release describes the current ones. "0.3": DeepSpeed 0.3.13-0.5.5 (2021) on PyTorch <= 1.8.
-FRAMEWORK_OLDER_RELEASES = {Framework.MEGATRON: (), Framework.DEEPSPEED: ("0.3",), Framework.TORCHTITAN: ("2024-12",)}
+# without a release describes the current ones. DeepSpeed "0.3": 0.3.13-0.5.5 (2021) on PyTorch <= 1.8;
+# "megatron-deepspeed": DeepSpeed running Megatron-DeepSpeed's GPT instead of a Hugging Face model;
+# torchtitan "2024-12": commit 9dec370 with torchao eab345c (tensorwise float8).
+FRAMEWORK_OLDER_RELEASES = {Framework.MEGATRON: (), Framework.DEEPSPEED: ("0.3", "megatron-deepspeed"),
+                            Framework.TORCHTITAN: ("2024-12",)}
 
 
 def default_zero(framework: str) -> int:

@@ -156,6 +156,15 @@ def test_unfused_loss_transient_by_hand():
     assert work == 10 * 16384 * 128256
     mg = ParallelPlan(global_batch=8, seq_len=8192, mbs=2, recompute=Recompute(mode="full"))
     assert stage_activation_bytes([head], mg, 16384)[1] == 0.0
+    # DeepSpeed runs the exported Hugging Face model, whose loss upcasts the logits and calls
+    # cross_entropy (transformers ForCausalLMLoss): the same transient as torchtitan's; the measured
+    # DeepSpeed runs ran Megatron-DeepSpeed's GPT with Megatron's fused vocab-parallel loss.
+    ds = mg.model_copy(update={"framework": "deepspeed"})
+    assert stage_activation_bytes([head], ds, 16384)[1] == 10 * 16384 * 128256  # 21.0 GB at mbs 2 x 8192
+    for release in ("megatron-deepspeed", "0.3"):
+        assert stage_activation_bytes([head], ds.model_copy(update={"framework_release": release}), 16384)[1] == 0.0
+    from autopar.validate.dataset import load_runs
+    assert {r.framework_release for r in load_runs({"vtrain-single", "vtrain-multi"})} == {"megatron-deepspeed"}
 
 
 def test_one_byte_fp8_saved_inputs_are_transformer_engine_only():

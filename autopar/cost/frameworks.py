@@ -15,9 +15,12 @@ Sources, per field:
   (torchtitan/models/llama3/parallelize: _save_list of mm and SDPA, every second mm recomputed)
   keeps the SDPA outputs, the block input and every second matmul output and recomputes the rest;
   DeepSpeed's activation checkpointing (Megatron-DeepSpeed) follows Megatron's.
-- loss: Megatron's vocab-parallel cross-entropy works in place on the fp32 logits; torchtitan
-  calls torch.nn.functional.cross_entropy on the fp32-cast logits, which keeps its log-softmax
-  output and allocates an fp32 gradient of the logits at the start of backward.
+- loss: Megatron's vocab-parallel cross-entropy works in place on the fp32 logits (as does
+  Megatron-DeepSpeed's GPT, which reuses it); torchtitan calls torch.nn.functional.cross_entropy on
+  the fp32-cast logits, which keeps its log-softmax output and allocates an fp32 gradient of the
+  logits at the start of backward; so does the Hugging Face model the DeepSpeed export runs
+  (transformers loss_utils.ForCausalLMLoss: logits.float(), then cross_entropy), whose output
+  also keeps the bf16 logits.
 - gradients: Megatron keeps an fp32 main-grad buffer (--accumulate-allreduce-grads-in-fp32);
   DeepSpeed keeps fp16/bf16 gradient partitions; FSDP2 frees sharded gradients at zero_grad
   (set_to_none), so no gradient is resident at the forward/backward peak of the first microbatch.
@@ -57,7 +60,9 @@ Sources, per field:
   torchtitan of December 2024 (commit 9dec370 with torchao eab345c, the torchtitan-2412 runs):
   float8 linears with dynamic tensorwise scaling, the default then (--float8.scaling_type_* dynamic);
   torchtitan 0.3's Float8LinearConverter offers rowwise recipes only.
-  DeepSpeed 0.3.13-0.5.5 (March-October 2021, the SC'21 ZeRO-3 runs) on PyTorch <= 1.8:
+  Megatron-DeepSpeed (microsoft/Megatron-DeepSpeed, vTrain's runs): DeepSpeed running Megatron's own
+  GPT, with its fused kernels and vocab-parallel cross-entropy instead of a Hugging Face model.
+  DeepSpeed 0.3.13-0.5.5 (March-October 2021, the SC'21 ZeRO-3 runs, also Megatron-DeepSpeed) on PyTorch <= 1.8:
   partition_parameters._allgather_param calls torch.cuda.synchronize() before every parameter
   all-gather and fetch_sub_module waits for it, so gathers never overlap compute ("the async version
   is not async at all", DeepSpeed PR #1188, Oct 2021); and it passes torch.distributed.all_gather /
@@ -137,7 +142,7 @@ FRAMEWORK_PROFILES: dict[str, FrameworkProfile] = {
     "deepspeed": FrameworkProfile(
         name="deepspeed", version="DeepSpeed 0.3-0.19 (measured runs: Megatron-DeepSpeed; export: Hugging Face models)",
         attention_kernel_by_arch=(("ampere", "fa2"), ("hopper", "fa2"), ("blackwell", "fa2")),
-        selective_policy="modules", fused_cross_entropy=True, persistent_gradients=True,
+        selective_policy="modules", fused_cross_entropy=False, persistent_gradients=True,
         fp8_one_byte_saved_inputs=False, gather_unit="module", gathers_under_full_recompute=3, prefetch_depth=1,
         prefetch_max_params=5e7, persistence_threshold_params=1e5, elementwise="eager"),
     "torchtitan": FrameworkProfile(
@@ -152,9 +157,13 @@ FRAMEWORK_PROFILES: dict[str, FrameworkProfile] = {
 
 # (framework, release) -> the profile of an older release that behaved differently (module docstring).
 FRAMEWORK_RELEASES: dict[tuple[str, str], FrameworkProfile] = {
+    ("deepspeed", "megatron-deepspeed"): replace(
+        FRAMEWORK_PROFILES["deepspeed"], version="DeepSpeed 0.9+ running Megatron-DeepSpeed's GPT",
+        fused_cross_entropy=True, elementwise="fused"),
     ("deepspeed", "0.3"): replace(
-        FRAMEWORK_PROFILES["deepspeed"], version="DeepSpeed 0.3.13-0.5.5 (2021) on PyTorch <= 1.8",
-        synchronous_gathers=True, per_rank_copies=True, gathered_bytes_per_unit_param=6.0, elementwise="fused"),
+        FRAMEWORK_PROFILES["deepspeed"], version="DeepSpeed 0.3.13-0.5.5 (2021) on PyTorch <= 1.8, Megatron-DeepSpeed",
+        synchronous_gathers=True, per_rank_copies=True, gathered_bytes_per_unit_param=6.0, elementwise="fused",
+        fused_cross_entropy=True),
     ("torchtitan", "2024-12"): replace(
         FRAMEWORK_PROFILES["torchtitan"], version="torchtitan 9dec370 (Dec 2024) with torchao eab345c on PyTorch 2.6 nightly",
         fp8_casts="torchao_tensorwise"),

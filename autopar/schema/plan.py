@@ -118,10 +118,11 @@ class ParallelPlan(BaseModel):
     grad_reduce_in_bf16: Flag = Field(
         False, description="Keep and reduce the main gradients in bf16 instead of fp32 (Megatron "
         "--grad-reduce-in-bf16; NeMo optim.grad_sync_dtype bf16). Megatron only.")
-    framework_release: Literal["0.3", "2024-12"] | None = Field(
+    framework_release: Literal["0.3", "megatron-deepspeed", "2024-12"] | None = Field(
         None, description="An older framework release whose behaviour differs (deepspeed 0.3: DeepSpeed "
-        "0.3.13-0.5.5 of 2021, synchronous ZeRO-3 gathers; torchtitan 2024-12: commit 9dec370 with torchao's "
-        "tensorwise float8); None = current releases.")
+        "0.3.13-0.5.5 of 2021, synchronous ZeRO-3 gathers; deepspeed megatron-deepspeed: DeepSpeed running "
+        "Megatron-DeepSpeed's GPT, fused kernels and loss, instead of a Hugging Face model; torchtitan 2024-12: "
+        "commit 9dec370 with torchao's tensorwise float8); None = current releases.")
     layers_per_stage: tuple[Count, ...] | None = Field(
         None, description="Decoder layers per virtual stage (pp·vpp entries, in execution order); None = "
         "even, with any remainder taken off the first and last stages (they hold embedding and head).")

@@ -122,7 +122,9 @@ _SOURCE_TO_FRAMEWORK = {
 # (autopar.cost.frameworks.FRAMEWORK_RELEASES). narayanan21-zero3: arXiv 2104.04473 v1 (April 2021)
 # came out weeks after ZeRO-3's first release (DeepSpeed v0.3.13, March 2021): DeepSpeed 0.3.
 # torchtitan-2412: the benchmark file's own versions table (torchtitan 9dec370, torchao eab345c).
-_SOURCE_TO_RELEASE = {"narayanan21-zero3": "0.3", "torchtitan-2412": "2024-12"}
+# vtrain-*: Megatron-DeepSpeed's GPT (module docstring), not a Hugging Face model.
+_SOURCE_TO_RELEASE = {"narayanan21-zero3": "0.3", "torchtitan-2412": "2024-12", "vtrain-single": "megatron-deepspeed",
+                      "vtrain-multi": "megatron-deepspeed"}
 # Runs whose recipe keeps and reduces gradients in bf16 (Megatron --grad-reduce-in-bf16). Nemotron-4
 # 340B: NeMo-Framework-Launcher launcher_scripts/conf/training/nemotron/nemotron_340b.yaml sets
 # optim.name mcore_distributed_optim with grad_sync_dtype bf16, which NeMo turns into
@@ -678,6 +680,7 @@ def _vtrain_fields(row: dict[str, str], run_id: str, source: str, detail: str) -
         "precision": "fp16", "measured_tokens_per_s_per_gpu": tokens_per_s_per_gpu(b, s, step, n),
         "measured_step_time_s": step, "conversion": f"B·s / iteration time {ms:g} ms / N (B={b}, s={s}, N={n})",
         "confidence": "high", "notes": _VTRAIN_NOTES, "framework": "deepspeed",
+        "framework_release": _SOURCE_TO_RELEASE[source],
     }
 
 
