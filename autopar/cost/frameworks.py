@@ -30,9 +30,10 @@ Sources, per field:
   fp8_cast_bytes); the output layer and the router run in bf16. How they cast (fp8_casts): TE casts
   input and output gradient with fused cast-transpose kernels and caches the weights' casts over
   the step's microbatches ("te"); torchao scales dynamically, an amax pass and a cast per tensor on
-  every call, the weights included: tensorwise in torchtitan of Dec 2024 (torchao eab345c, casts
-  saved in fp8, transposing copies for torch._scaled_mm's layouts), rowwise in torchtitan 0.3 (its
-  only recipe: every operand re-cast in backward along the axis its GEMM needs).
+  every call, the weights included, with the bytes torchao's own roofline model gives them:
+  tensorwise in torchtitan of Dec 2024 (torchao eab345c: each operand cast once into both layouts
+  and saved in fp8), rowwise in torchtitan 0.3 (its only recipe: each operand cast again in
+  backward along the axis its GEMM needs).
 - parameter gathers: DeepSpeed ZeRO-3 gathers per module (each nn.Linear / LayerNorm's
   parameters when its forward pre-hook fires; Rajbhandari et al. 2020 §5), so a full-recompute
   backward runs the module hooks again (forward, recompute, backward: three gathers); FSDP2

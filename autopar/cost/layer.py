@@ -47,23 +47,29 @@ NORM_FED_GEMMS = frozenset({"qkv", "q", "mlp_fc1"})
 # Weight casts run once per step (cached over microbatches) and are left out.
 FP8_CAST_BYTES = 4.0
 FP8_NORM_FED_CAST_BYTES = 1.0
-# torchao's float8 linears (torchtitan) scale dynamically: every cast is an amax reduction over the
-# tensor (read 2 bytes per element) and then the cast (read 2, write 1), 5 bytes, for the weight too,
-# on every call (no cache across microbatches), none of it fused with the producer.
-# - "torchao_tensorwise" (torchao eab345c of Dec 2024, torchtitan 9dec370's default: dynamic
-#   tensorwise scaling; torchao/float8/float8_linear.py manual_float8_matmul_with_args_in_float8):
-#   forward casts the input and the weight and saves both in fp8; backward casts the output
-#   gradient once and writes it in both layouts (+1 byte), and torch._scaled_mm, which takes its
-#   first operand row-major and its second column-major, needs the saved input and weight in the
-#   other layout: a transposing copy each (read 1, write 1). Per element of input, output gradient
-#   and weight: 5 + 2, 6, 5 + 2.
-# - "torchao_rowwise" (torchao 0.9+, torchtitan 0.3's only recipe, Float8LinearConverter "rowwise";
-#   float8_linear.py matmul_with_hp_or_float8_args): forward casts the input and the weight and
-#   saves them in bf16; backward casts each again along the axis its GEMM needs and the output
-#   gradient along both axes: 10 bytes per element of each. Its GEMMs (CUTLASS rowwise-scaled on
-#   Hopper) are priced at the same fp8 gain as tensorwise ones.
-TORCHAO_CAST_BYTES = 5.0
-FP8_CAST_RECIPES = ("te", "torchao_tensorwise", "torchao_rowwise")
+# torchao's float8 linears (torchtitan) scale dynamically: each cast is an amax reduction and a
+# cast, the weight's on every call too (no cache across microbatches). Bytes per element of the
+# input x (m × k), the weight W (n × k) and the output gradient dy (m × n), (forward, backward),
+# from torchao's own roofline model of its kernels:
+# - "torchao_tensorwise": torchao/float8/roofline_utils.py at eab345c (Dec 2024, torchtitan 9dec370's
+#   default dynamic tensorwise scaling), get_float8_mem_sympy with the torch.compile limitation it
+#   models (pytorch#130015, one more fp8 read): x and dy have their amax fused into their producer
+#   and are cast once into both layouts (read 2, write 1 + 1, read 1 more: 5); W's amax is its own
+#   pass (2 + 5 = 7); all saved in fp8, nothing re-cast in backward.
+# - "torchao_rowwise": torchao/testing/training/roofline_utils.py at v0.18.0 (torchtitan 0.3's only
+#   recipe), get_tensor_memory_traffic_ovhd_s without fusion modelling (float8_roofline.py's
+#   default): x cast and copied to the other layout in forward (2 + 1 + 2), cast along it in
+#   backward (2 + 1); W cast in forward (2 + 1), transposed (2 + 2) and cast (2 + 1) in backward;
+#   dy the same as x, both in backward. Its GEMMs (rowwise-scaled, CUTLASS on Hopper) are priced at
+#   the same fp8 gain as tensorwise ones.
+_FP8_CAST_BYTES_PER_ROLE = {  # recipe -> ((x fwd, x bwd), (W fwd, W bwd), (dy fwd, dy bwd))
+    "torchao_tensorwise": ((5.0, 0.0), (7.0, 0.0), (0.0, 5.0)),
+    "torchao_rowwise": ((5.0, 3.0), (3.0, 7.0), (0.0, 8.0)),
+}
+# Kernels per linear (forward, backward): TE one fused cast-transpose each way; torchao's roofline
+# lists three per tensorwise cast (amax stages 1 and 2, the cast) and one or two per rowwise one.
+_CAST_KERNELS = {"te": (1, 1), "torchao_tensorwise": (6, 3), "torchao_rowwise": (2, 5)}
+FP8_CAST_RECIPES = tuple(_CAST_KERNELS)
 # Parallel blocks per layer, each an all-gather + reduce-scatter (sp) or an all-reduce: attention
 # and MLP in a dense layer; attention only in an MoE layer (the routed experts talk over EP), plus
 # its shared experts (_tp_blocks); the vocab-parallel head; the embedding's reduction counts as
@@ -185,17 +191,10 @@ def fp8_cast_bytes(m: float, n: float, k: float, norm_fed: bool, recipe: str = "
     x, w, dy = m * k, n * k, m * n
     if recipe == "te":
         return x * (FP8_NORM_FED_CAST_BYTES if norm_fed else FP8_CAST_BYTES), dy * FP8_CAST_BYTES
-    cast = TORCHAO_CAST_BYTES
-    if recipe == "torchao_tensorwise":
-        return cast * (x + w), (cast + 1.0) * dy + 2.0 * (x + w)
-    if recipe == "torchao_rowwise":
-        return cast * (x + w), cast * (x + w + 2.0 * dy)
-    raise ValueError(f"unknown fp8 cast recipe {recipe!r}; choose from {', '.join(FP8_CAST_RECIPES)}")
-
-
-# Kernels per (forward, backward) cast of one linear: TE one fused cast-transpose each way; torchao an
-# amax and a cast per tensor (tensorwise backward: dy's pair and two transposing copies).
-_CAST_KERNELS = {"te": (1, 1), "torchao_tensorwise": (4, 4), "torchao_rowwise": (4, 8)}
+    if recipe not in _FP8_CAST_BYTES_PER_ROLE:
+        raise ValueError(f"unknown fp8 cast recipe {recipe!r}; choose from {', '.join(FP8_CAST_RECIPES)}")
+    (x_f, x_b), (w_f, w_b), (dy_f, dy_b) = _FP8_CAST_BYTES_PER_ROLE[recipe]
+    return x_f * x + w_f * w + dy_f * dy, x_b * x + w_b * w + dy_b * dy
 
 
 def fp8_cast_s(m: float, n: float, k: float, count: float, norm_fed: bool, hbm_bytes_per_s: float,
