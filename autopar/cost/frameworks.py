@@ -25,7 +25,8 @@ Sources, per field:
   DeepSpeed keeps fp16/bf16 gradient partitions; FSDP2 frees sharded gradients at zero_grad
   (set_to_none), so no gradient is resident at the forward/backward peak of the first microbatch.
 - fp8: Transformer Engine saves the fp8 casts (1 byte) of GEMM inputs for the weight gradient;
-  torchao's float8 linears save the bf16 inputs and re-cast them (torchao float8 README). In both,
+  torchao's float8 linears save the bf16 inputs and re-cast them (torchao float8 README; the
+  tensorwise linears of Dec 2024 kept fp8 casts, not credited in memory here). In both,
   fp8 covers the transformer layers' linears, each casting its operands (autopar.cost.layer
   fp8_cast_bytes); the output layer and the router run in bf16. How they cast (fp8_casts): TE casts
   input and output gradient with fused cast-transpose kernels and caches the weights' casts over
