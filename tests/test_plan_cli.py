@@ -93,3 +93,15 @@ def test_compare_names_the_switch_two_plans_differ_in(tmp_path):
     row = next(line for line in r.output.splitlines() if "norms, RoPE, activation" in line)
     assert "compiled" in row and "eager (no torch.compile)" in row  # unset = torchtitan's default: compiled
     assert "grouped GEMM" not in r.output and "precision" not in r.output  # the same in both: no row
+
+
+def test_estimate_header_names_torchaos_cast_recipe():
+    """A torchtitan fp8 plan says which float8 casts it is priced with (torchtitan 0.3: rowwise)."""
+    args = ["estimate", "llama3-8b", "--cluster", "dgx-h100", "--gpus", "8", "--seq-len", "8192",
+            "--global-batch", "16", "--framework", "torchtitan", "--zero", "3"]
+    r = runner.invoke(app, args + ["--precision", "fp8"], env={"COLUMNS": "200"})
+    assert r.exit_code == 0, r.output
+    header = " ".join(r.output.split("\nstep ")[0].split())  # the first line, however the console wraps it
+    assert header.endswith("fp8 · torchtitan (torchao rowwise float8 casts)")
+    bf16 = runner.invoke(app, args, env={"COLUMNS": "200"})
+    assert bf16.exit_code == 0 and "float8" not in bf16.output.split("\nstep ")[0]

@@ -68,11 +68,22 @@ def print_inspect(console: Console, info: dict[str, Any]) -> None:
     console.print(z)
 
 
+def _fp8_casts_note(plan) -> str:
+    """How a torchtitan fp8 plan's linears cast (autopar.cost.frameworks, fp8_casts), for the header."""
+    if str(plan.precision) != "fp8" or str(plan.framework) != "torchtitan":
+        return ""
+    from autopar.cost.frameworks import framework_profile  # only for torchtitan fp8 plans
+
+    recipe = framework_profile(plan.framework, plan.framework_release).fp8_casts
+    return f" ({recipe.replace('_', ' ')} float8 casts)"
+
+
 def print_estimate(console: Console, plan, est) -> None:
     console.print(f"[bold]{plan.layout()}[/] dp{est.dp} mbs {plan.mbs} · {est.num_microbatches} microbatches · "
                   f"zero {plan.zero} · recompute {plan.recompute.label()} · {plan.precision} · {plan.framework}"
                   + (" (eager, no torch.compile)" if plan.torch_compile is False else "")
-                  + (" (experts one by one, no grouped GEMM)" if not plan.moe_grouped_gemm else ""))
+                  + (" (experts one by one, no grouped GEMM)" if not plan.moe_grouped_gemm else "")
+                  + _fp8_casts_note(plan))
     fits = "[green]fits[/]" if est.fits else "[bold red]does NOT fit[/]"
     console.print(f"step {seconds(est.step_time_s)}   {est.tokens_per_s:,.0f} tokens/s   "
                   f"{est.tokens_per_s_per_gpu:,.1f} tokens/s/GPU (P10-P90 of errors on unseen sources: "
