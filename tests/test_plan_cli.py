@@ -105,3 +105,18 @@ def test_estimate_header_names_torchaos_cast_recipe():
     assert header.endswith("fp8 · torchtitan (torchao rowwise float8 casts)")
     bf16 = runner.invoke(app, args, env={"COLUMNS": "200"})
     assert bf16.exit_code == 0 and "float8" not in bf16.output.split("\nstep ")[0]
+
+
+def test_torchtitan_selective_reads_as_its_per_op_policy():
+    """torchtitan's selective AC is its per-op policy whatever the plan's modules say: the label says so."""
+    from autopar.schema.plan import ParallelPlan, Recompute
+    rec = Recompute(mode="selective", modules=("core_attn",))
+    assert rec.label() == rec.label("megatron") == "selective(core_attn)"
+    assert rec.label("torchtitan") == "selective(op)"
+    assert Recompute(mode="full", num_layers=4).label("torchtitan") == "full(4)"
+    args = ["estimate", "llama3-8b", "--cluster", "dgx-h100", "--gpus", "8", "--seq-len", "8192",
+            "--global-batch", "16", "--framework", "torchtitan", "--zero", "3", "--recompute", "selective"]
+    r = runner.invoke(app, args)
+    assert r.exit_code == 0 and "recompute selective(op)" in " ".join(r.output.split())
+    assert ParallelPlan(global_batch=16, seq_len=8192, framework="torchtitan", zero=3,
+                        recompute=rec).recompute.modules == ("core_attn",)  # the plan JSON keeps its fields

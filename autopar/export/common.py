@@ -80,7 +80,7 @@ def header(pf: PlanFile, framework: str, what: str) -> str:
         f"# {what} for {spec.name} on {pf.target.gpus} GPUs ({pf.target.cluster}), written by autopar "
         f"{pf.autopar_version} plan schema {pf.schema_version}.",
         f"# Plan: {plan.layout()} dp{dp}, micro batch {plan.mbs}, global batch {plan.global_batch} sequences of "
-        f"{plan.seq_len} tokens, zero {plan.zero}, recompute {plan.recompute.label()}, {plan.precision}.",
+        f"{plan.seq_len} tokens, zero {plan.zero}, recompute {plan.recompute.label(plan.framework)}, {plan.precision}.",
         f"# Target framework: {framework}. Lines marked '<-- SET' name your paths; everything else is the plan.",
         "set -euo pipefail",
     ])

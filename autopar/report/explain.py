@@ -165,7 +165,7 @@ def _alternative_dict(a: Alternative, chosen: Estimate) -> dict[str, Any]:
 
 def _change(a: Alternative) -> dict[str, Any]:
     p = a.plan
-    value = {"tp": p.tp, "pp": p.pp, "mbs": p.mbs, "zero": p.zero, "recompute": p.recompute.label(),
+    value = {"tp": p.tp, "pp": p.pp, "mbs": p.mbs, "zero": p.zero, "recompute": p.recompute.label(p.framework),
              "torch_compile": p.torch_compile, "moe_grouped_gemm": p.moe_grouped_gemm}[a.axis]
     return {a.axis: value}
 
@@ -241,7 +241,7 @@ def neighbours(plan: ParallelPlan, num_gpus: int, num_layers: int | None = None)
         if new_mbs >= 1 and new_mbs != plan.mbs:
             out.append((f"mbs {plan.mbs}→{new_mbs}", "mbs", plan.model_copy(update={"mbs": new_mbs})))
     for rec in recompute_steps(plan.recompute):
-        out.append((f"recompute {plan.recompute.label()}→{rec.label()}", "recompute",
+        out.append((f"recompute {plan.recompute.label(plan.framework)}→{rec.label(plan.framework)}", "recompute",
                     plan.model_copy(update={"recompute": rec})))
     for z in zero_steps(plan.zero, plan.framework):
         out.append((f"zero {plan.zero}→{z}", "zero", plan.model_copy(update={"zero": z})))
@@ -367,7 +367,7 @@ def _moves(chosen: Estimate, alt: Estimate, sign: int) -> str:
 
 
 def _label(plan: ParallelPlan) -> str:
-    return f"{plan.layout()} mbs{plan.mbs} zero{plan.zero} {plan.recompute.label()}"
+    return f"{plan.layout()} mbs{plan.mbs} zero{plan.zero} {plan.recompute.label(plan.framework)}"
 
 
 _VERDICT_STYLE = {"invalid": "dim", "oom": "red", "faster_unfit": "yellow", "slower": "", "tie": "",

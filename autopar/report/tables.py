@@ -80,7 +80,7 @@ def _fp8_casts_note(plan) -> str:
 
 def print_estimate(console: Console, plan, est) -> None:
     console.print(f"[bold]{plan.layout()}[/] dp{est.dp} mbs {plan.mbs} · {est.num_microbatches} microbatches · "
-                  f"zero {plan.zero} · recompute {plan.recompute.label()} · {plan.precision} · {plan.framework}"
+                  f"zero {plan.zero} · recompute {plan.recompute.label(plan.framework)} · {plan.precision} · {plan.framework}"
                   + (" (eager, no torch.compile)" if plan.torch_compile is False else "")
                   + (" (experts one by one, no grouped GEMM)" if not plan.moe_grouped_gemm else "")
                   + _fp8_casts_note(plan))
@@ -178,7 +178,7 @@ def print_loso(console: Console, result: dict[str, Any]) -> None:
 
 
 def _plan_row(plan, est) -> list[str]:
-    return [plan.layout(), str(est.dp), str(plan.mbs), str(plan.zero), plan.recompute.label(),
+    return [plan.layout(), str(est.dp), str(plan.mbs), str(plan.zero), plan.recompute.label(plan.framework),
             seconds(est.step_time_s), _with_band(est), f"{est.mfu:.1%}",
             f"{est.peak_memory_bytes / GiB:.1f}/{est.memory_capacity_bytes / GiB:.0f} GiB",
             f"{est.bubble_fraction:.1%}", f"{est.exposed_comm_fraction:.1%}"]
@@ -214,7 +214,7 @@ def print_plans(console: Console, result) -> None:
     fastest, fastest_est = result.plans[0]
     if (fastest, fastest_est) != (rows[0].plan, rows[0].estimate):
         console.print(f"fastest found: {fastest.layout()} mbs {fastest.mbs} zero {fastest.zero} recompute "
-                      f"{fastest.recompute.label()}, {seconds(fastest_est.step_time_s)}; rows differing only in "
+                      f"{fastest.recompute.label(fastest.framework)}, {seconds(fastest_est.step_time_s)}; rows differing only in "
                       "vpp, mbs or zero are variants of one alternative (--json lists the raw ranking).")
     console.print(f"[dim]searched {result.candidates:,} candidates: {result.pruned:,} pruned by bounds, "
                   f"{result.scored:,} scored, {result.feasible:,} fit, {result.refined:,} refined by DP/ILP, "

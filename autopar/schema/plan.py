@@ -65,8 +65,12 @@ class Recompute(BaseModel):
         values (tests/test_plan_trusted.py)."""
         return cls.model_construct(mode=RecomputeMode(mode), modules=modules, num_layers=num_layers)
 
-    def label(self) -> str:
+    def label(self, framework: str | None = None) -> str:
+        """none, selective(modules), full(K) or full; under torchtitan, whose selective AC is its per-op
+        policy whatever the modules say (autopar.cost.frameworks), selective(op), its option's name."""
         if self.mode == RecomputeMode.SELECTIVE:
+            if framework is not None and str(framework) == "torchtitan":
+                return "selective(op)"
             return "selective(" + "+".join(self.modules) + ")"
         if self.mode == RecomputeMode.FULL and self.num_layers is not None:
             return f"full({self.num_layers})"

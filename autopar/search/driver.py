@@ -571,7 +571,7 @@ def _nothing_fits_message(spec: SpaceSpec, pricer: Pricer, walk: _Walk, memory_m
         fixes.append(f"a memory margin below {memory_margin:g}")
     return (f"no plan fits: with {cap_gib:.1f} GiB usable on each of {spec.num_gpus} GPUs ({memory_margin:.0%} "
             f"of HBM kept free), the closest plan ({plan.layout()}, mbs {plan.mbs}, recompute "
-            f"{plan.recompute.label()}, zero {plan.zero}) is {short / GiB:.1f} GiB over; "
+            f"{plan.recompute.label(plan.framework)}, zero {plan.zero}) is {short / GiB:.1f} GiB over; "
             + ", ".join(f for f in fixes if f))
 
 
