@@ -167,7 +167,8 @@ FRAMEWORK_RELEASES: dict[tuple[str, str], FrameworkProfile] = {
         synchronous_gathers=True, per_rank_copies=True, gathered_bytes_per_unit_param=6.0, elementwise="fused",
         fused_cross_entropy=True),
     ("torchtitan", "2024-12"): replace(
-        FRAMEWORK_PROFILES["torchtitan"], version="torchtitan 9dec370 (Dec 2024) with torchao eab345c on PyTorch 2.6 nightly",
+        FRAMEWORK_PROFILES["torchtitan"],
+        version="torchtitan 9dec370 (Dec 2024) with torchao eab345c on PyTorch 2.6 nightly",
         fp8_casts="torchao_tensorwise"),
 }
 

@@ -466,7 +466,8 @@ def plot_memory(estimate: Estimate, path: str | Path, plan: ParallelPlan | None 
     ax.set_ylabel("peak memory per GPU (GiB)")
     title = "Peak memory per GPU by pipeline stage"
     if plan is not None:
-        title += f"\n{plan.layout()} dp{estimate.dp} mbs{plan.mbs} zero{plan.zero} {plan.recompute.label(plan.framework)}"
+        title += (f"\n{plan.layout()} dp{estimate.dp} mbs{plan.mbs} zero{plan.zero} "
+                  f"{plan.recompute.label(plan.framework)}")
     ax.set_title(title, fontsize=11)
     ax.legend(handles=lines + bars[::-1], loc="upper left", bbox_to_anchor=(1.01, 1.0), fontsize=9,
               frameon=False)  # parts listed top-down, as stacked

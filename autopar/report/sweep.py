@@ -197,7 +197,8 @@ def sweep_table(points: Sequence[SweepPoint], bar_width: int = 16) -> Table:
             continue
         e, plan = p.estimate, p.plan
         style = "red" if eff < 0.8 else ("yellow" if eff < 0.95 else "green")
-        t.add_row(*head, f"{plan.layout()} dp{e.dp} mbs{plan.mbs} zero{plan.zero} {plan.recompute.label(plan.framework)}",
+        t.add_row(*head,
+                  f"{plan.layout()} dp{e.dp} mbs{plan.mbs} zero{plan.zero} {plan.recompute.label(plan.framework)}",
                   seconds(e.step_time_s), f"{e.tokens_per_s:,.0f}", f"{e.tokens_per_s_per_gpu:,.1f}",
                   f"[cyan]{bar_glyphs(e.tokens_per_s_per_gpu / top, bar_width)}[/]", f"{e.mfu:.1%}",
                   f"[{style}]{eff:.1%}[/]")

@@ -80,7 +80,8 @@ def _fp8_casts_note(plan) -> str:
 
 def print_estimate(console: Console, plan, est) -> None:
     console.print(f"[bold]{plan.layout()}[/] dp{est.dp} mbs {plan.mbs} · {est.num_microbatches} microbatches · "
-                  f"zero {plan.zero} · recompute {plan.recompute.label(plan.framework)} · {plan.precision} · {plan.framework}"
+                  f"zero {plan.zero} · recompute {plan.recompute.label(plan.framework)} · {plan.precision} · "
+                  f"{plan.framework}"
                   + (" (eager, no torch.compile)" if plan.torch_compile is False else "")
                   + (" (experts one by one, no grouped GEMM)" if not plan.moe_grouped_gemm else "")
                   + _fp8_casts_note(plan))
@@ -214,8 +215,9 @@ def print_plans(console: Console, result) -> None:
     fastest, fastest_est = result.plans[0]
     if (fastest, fastest_est) != (rows[0].plan, rows[0].estimate):
         console.print(f"fastest found: {fastest.layout()} mbs {fastest.mbs} zero {fastest.zero} recompute "
-                      f"{fastest.recompute.label(fastest.framework)}, {seconds(fastest_est.step_time_s)}; rows differing only in "
-                      "vpp, mbs or zero are variants of one alternative (--json lists the raw ranking).")
+                      f"{fastest.recompute.label(fastest.framework)}, {seconds(fastest_est.step_time_s)}; rows "
+                      "differing only in vpp, mbs or zero are variants of one alternative (--json lists the raw "
+                      "ranking).")
     console.print(f"[dim]searched {result.candidates:,} candidates: {result.pruned:,} pruned by bounds, "
                   f"{result.scored:,} scored, {result.feasible:,} fit, {result.refined:,} refined by DP/ILP, "
                   f"in {result.time_s:.2f} s; fit = peak ≤ {usable_label(result.plans[0][1])}[/]")
