@@ -395,8 +395,12 @@ def _family_defaults(source: str, family: str, model: _RowModel) -> dict[str, An
     if family in ("llama2", "llama3"):
         return {"activation": "swiglu", "normalization": "rmsnorm", "position_embedding": "rope",
                 "tie_embeddings": False}
-    if family == "gpt" and model.ffn_hidden_size == 4 * h:  # NeMo GPT3: MHA, non-gated 4h FFN
-        return {"num_kv_heads": heads, "activation": "gelu"}
+    if family == "gpt" and model.ffn_hidden_size == 4 * h:
+        # NeMo GPT3: MHA, non-gated 4h FFN; its launcher configs (conf/training/gpt3/*.yaml) leave
+        # share_embeddings_and_output_weights and position_embedding_type unset, and MegatronGPTModel
+        # defaults them to True and "learned_absolute" (NeMo megatron_gpt_model.py, cfg.get(..., True)).
+        return {"num_kv_heads": heads, "activation": "gelu", "position_embedding": "learned",
+                "tie_embeddings": True}
     return {}
 
 
