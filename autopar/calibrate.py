@@ -372,43 +372,10 @@ USER_FREE = ["gemm_max", "attention_max", "hbm_efficiency", "inter_node", "intra
 
 
 def load_user_runs(path: str) -> list[MeasuredRun]:
-    """MeasuredRun records from a runs YAML (autopar/schema/runs.py), every setting stated."""
-    from pathlib import Path
+    """MeasuredRun records of a runs YAML, each with the exact plan it states (autopar.validate.user_runs)."""
+    from autopar.validate.user_runs import load_user_runs as load
 
-    import yaml
-    from pydantic import ValidationError
-
-    from autopar.errors import InputFileError, SchemaError
-    from autopar.schema import one_line
-    from autopar.schema.runs import RunsFile
-
-    from autopar.io import read_text_file
-
-    p = Path(path).expanduser()
-    text = read_text_file(p, "runs file", "see `autopar calibrate --help` for its format")
-    try:
-        raw = yaml.safe_load(text)
-    except (yaml.YAMLError, ValueError, RecursionError):
-        raise InputFileError(f"runs file {p} is malformed YAML; fix its syntax")
-    try:
-        spec = RunsFile(**raw) if isinstance(raw, dict) else RunsFile.model_validate(raw)
-    except ValidationError as exc:
-        raise SchemaError(one_line(exc, f"runs file {p}"))
-    out = []
-    for i, u in enumerate(spec.runs):
-        par = dict(u.parallel)
-        tp, pp, cp = par.get("tp", 1), par.get("pp", 1), par.get("cp", 1)
-        out.append(MeasuredRun(
-            run_id=f"user_{i:03d}", source="user", source_detail=u.source or str(p), arch={"model": u.model},
-            cluster=u.cluster, num_gpus=u.gpus, seq_len=u.seq_len, global_batch=u.global_batch,
-            micro_batch=par.get("mbs", 1), tp=tp, pp=pp, dp=u.gpus // (tp * pp * cp), cp=cp, ep=par.get("ep", 1),
-            etp=par.get("etp", tp), vpp=par.get("vpp", 1), sequence_parallel=par.get("sp"),
-            recompute=par.get("recompute", "selective"), zero_stage=par.get("zero", 1),
-            precision=par.get("precision", "bf16"),
-            measured_tokens_per_s_per_gpu=u.global_batch * u.seq_len / u.step_time_s / u.gpus,
-            measured_step_time_s=u.step_time_s, conversion="B·s / step time / GPUs", confidence="user",
-            split="fit"))
-    return out
+    return load(path)
 
 
 def calibrate_user(runs_path: str, base: CostModelFile, command: str, free: Sequence[str] = USER_FREE,

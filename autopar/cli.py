@@ -301,15 +301,31 @@ def estimate(
 
 @app.command()
 def validate(
+    ctx: typer.Context,
     split: Annotated[str, typer.Option("--split", help="Which runs to score: holdout (a third of each source's model shapes), fit, or all. The shipped cost models are fitted on every split: the error on unseen data is --leave-one-source-out's.", callback=_choice(("holdout", "fit", "all"), "--split"))] = "holdout",
     source: Annotated[Optional[list[str]], typer.Option("--source", help="Only this data source (repeatable), e.g. vtrain-multi, narayanan21.")] = None,
     cost_model: CostModelOpt = None,
     summary_only: Annotated[bool, typer.Option("--summary-only", help="Print only the error summaries, not every run.")] = False,
     leave_one_source_out: Annotated[bool, typer.Option("--leave-one-source-out", help="For every source, refit the cost model without it and score that source: the error to expect on a new source.")] = False,
     iters: Annotated[int, typer.Option("--iters", help="Nelder-Mead iterations of each leave-one-source-out refit (fewer is faster and rougher).", min=0, max=10000)] = 40,
+    runs: Annotated[Optional[str], typer.Option("--runs", help="Instead of the shipped runs, a runs YAML of your own measured runs (format: autopar/schema/runs.py, as for `autopar calibrate`): each is predicted with the plan it states, and its error reported by source, regime and framework, with peak memory where you give it.")] = None,
     as_json: JsonOpt = False,
 ) -> None:
-    """Compare predicted with measured tokens/s/GPU on the shipped measured runs."""
+    """Compare predicted with measured tokens/s/GPU on the shipped measured runs, or on your own (--runs)."""
+    if runs is not None:
+        given = [p.opts[0] for p in ctx.command.params if p.name in ("split", "source", "leave_one_source_out", "iters")
+                 and ctx.get_parameter_source(p.name) is click.core.ParameterSource.COMMANDLINE]
+        if given:
+            names = ", ".join(given)
+            fail(f"{names} {'select' if len(given) > 1 else 'selects'} among the shipped runs; drop {names} with --runs")
+        from autopar.validate.report import validate_runs
+
+        result = _run(lambda: validate_runs(runs, cost_model))
+        if as_json:
+            _emit_json(result)
+        else:
+            tables.print_validate(out, result, rows=not summary_only)
+        return
     if leave_one_source_out:
         from autopar.validate.loso import leave_one_source_out as loso
 

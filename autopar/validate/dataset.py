@@ -172,6 +172,7 @@ class MeasuredRun:
     grad_reduce_in_bf16: bool = False  # the recipe keeps gradients in bf16, as in ParallelPlan
     measured_memory_gib: float | None = None  # peak memory the source measured (max reserved), GiB
     compiled: bool | None = None  # torch.compile on (torchtitan rows), None where not applicable
+    plan: Any = None  # a user's run (autopar.validate.user_runs): the exact ParallelPlan it ran, nothing free
 
 
 class _Unusable(Exception):

@@ -32,6 +32,23 @@ def validate(split: str = "holdout", sources: set[str] | None = None, cost_model
             skipped.append(run.run_id)
         else:
             preds.append(pr)
+    return _report(preds, split, skipped)
+
+
+def validate_runs(path: str, cost_model: str | None = None) -> dict[str, Any]:
+    """`autopar validate --runs`: a user's own measured runs (autopar/schema/runs.py), each predicted
+    with exactly the plan it states; the same rows and summaries as `validate`, plus `runs_file`."""
+    from autopar.validate.user_runs import load_user_runs
+
+    preds = [predict(run, _params_for(run, cost_model)) for run in load_user_runs(path)]
+    result = _report([pr for pr in preds if pr is not None], "all", [])
+    result["runs_file"] = path
+    result["method"] = ("tokens/s/GPU predicted for the plan each run states (estimate's defaults for what it leaves "
+                        "out); error = (predicted - measured) / measured")
+    return result
+
+
+def _report(preds: list[Prediction], split: str, skipped: list[str]) -> dict[str, Any]:
     return {
         "split": split,
         "rows": [_row(pr) for pr in preds],
@@ -89,7 +106,8 @@ def _grouped(preds: list[Prediction], key) -> dict[str, dict[str, float]]:
 def _row(pr: Prediction) -> dict[str, Any]:
     r = pr.run
     return {"run_id": r.run_id, "source": r.source, "cluster": r.cluster, "gpus": r.num_gpus, "split": r.split,
-            "layout": f"tp{r.tp} pp{r.pp} dp{r.dp}" + (f" cp{r.cp}" if r.cp > 1 else ""),
+            "layout": f"tp{r.tp} pp{r.pp} dp{r.dp}" + (f" cp{r.cp}" if r.cp > 1 else "")
+                      + (f" ep{r.ep}" if r.ep > 1 else ""),
             "chosen": {"mbs": pr.plan.mbs, "vpp": pr.plan.vpp, "recompute": pr.plan.recompute.mode,
                        "tp_comm_overlap": pr.plan.tp_comm_overlap},
             "measured_tokens_per_s_per_gpu": r.measured_tokens_per_s_per_gpu,

@@ -61,9 +61,10 @@ _GRAPHS: dict[str, ModelGraph] = {}
 
 
 def _graph_for(run: MeasuredRun) -> ModelGraph:
-    if run.run_id not in _GRAPHS:
-        _GRAPHS[run.run_id] = _build_graph(run)
-    return _GRAPHS[run.run_id]
+    key = "model:" + run.arch["model"] if "model" in run.arch else run.run_id  # user runs share ids across files
+    if key not in _GRAPHS:
+        _GRAPHS[key] = _build_graph(run)
+    return _GRAPHS[key]
 
 
 def _build_graph(run: MeasuredRun) -> ModelGraph:
@@ -115,6 +116,8 @@ def _cluster_for(name: str, gpus: int) -> Cluster:
 
 def candidate_plans(run: MeasuredRun, graph: ModelGraph) -> list[ParallelPlan]:
     """Every plausible plan for the run: stated settings fixed, unstated ones enumerated."""
+    if run.plan is not None:  # a user's run states its whole plan (autopar.validate.user_runs)
+        return [run.plan]
     dp = run.num_gpus // (run.tp * run.pp * run.cp)
     per_dp = run.global_batch // dp
     mbs_options = [run.micro_batch] if run.micro_batch else [m for m in (1, 2, 4, 8) if per_dp % m == 0]

@@ -1,0 +1,109 @@
+"""A user's own measured runs (autopar/schema/runs.py), for `autopar validate --runs` and
+`autopar calibrate runs.yaml`.
+
+Each run states its plan as `autopar estimate` takes one: the `parallel` mapping holds plan fields
+(tp, pp, cp, ep, vpp, mbs, zero, sp, recompute, precision, framework, ...) and every field it leaves
+out takes estimate's default (mbs 1, selective recompute, the framework's ZeRO stage, ...). No
+setting is free: the run is predicted with exactly that plan, so its error is the cost model's, not
+a plan search's (the shipped runs, which leave settings unstated, are predicted with the fastest
+fitting plan among them instead; autopar.validate.runner)."""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Any
+
+from autopar.errors import AutoparError, InputFileError, InvalidPlanError, SchemaError
+from autopar.validate.dataset import MeasuredRun
+
+RUNS_FORMAT_HINT = "see autopar/schema/runs.py (or `autopar validate --help`) for its format"
+
+
+def load_user_runs(path: str) -> list[MeasuredRun]:
+    """MeasuredRun records of a runs YAML, each carrying the exact plan it states (MeasuredRun.plan)."""
+    import yaml
+    from pydantic import ValidationError
+
+    from autopar.io import read_text_file
+    from autopar.schema import one_line
+    from autopar.schema.runs import RunsFile
+
+    p = Path(path).expanduser()
+    text = read_text_file(p, "runs file", RUNS_FORMAT_HINT)
+    try:
+        raw = yaml.safe_load(text)
+    except (yaml.YAMLError, ValueError, RecursionError):
+        raise InputFileError(f"runs file {p} is malformed YAML; fix its syntax")
+    try:
+        spec = RunsFile(**raw) if isinstance(raw, dict) else RunsFile.model_validate(raw)
+    except ValidationError as exc:
+        raise SchemaError(one_line(exc, f"runs file {p}"))
+    runs = []
+    for i, u in enumerate(spec.runs):
+        run_id = u.name or f"user_{i:03d}"
+        try:
+            runs.append(_measured_run(u, run_id, str(p)))
+        except AutoparError as exc:
+            raise type(exc)(f"runs file {p}, run {i + 1} ({run_id}): {exc}") from None
+    names = [r.run_id for r in runs]
+    repeated = sorted({n for n in names if names.count(n) > 1})
+    if repeated:
+        raise SchemaError(f"runs file {p}: run names {', '.join(repeated)} repeat; give each run its own name")
+    return runs
+
+
+def user_plan(u: Any) -> Any:
+    """The ParallelPlan a user run states, estimate's defaults filling what it leaves out."""
+    from autopar.api import make_plan
+    from autopar.choices import default_zero
+    from autopar.schema.plan import Framework
+
+    fields = dict(u.parallel)
+    misplaced = sorted(set(fields) & {"global_batch", "seq_len", "gpus"})
+    if misplaced:
+        raise SchemaError(f"parallel states {', '.join(misplaced)}; give each as a key of the run itself, "
+                          "beside parallel")
+    dp = fields.pop("dp", None)
+    framework = fields.get("framework", Framework.MEGATRON.value)
+    try:
+        zero = default_zero(framework)
+    except ValueError:
+        raise SchemaError(f"framework {framework!r} is not one of {', '.join(f.value for f in Framework)}")
+    rec = fields.pop("recompute", None)
+    if isinstance(rec, str):
+        rec = {"mode": rec}
+    fields = {"zero": zero, **fields, "global_batch": u.global_batch, "seq_len": u.seq_len}
+    if rec is not None:
+        fields["recompute"] = rec
+    plan = make_plan(**fields)
+    if dp is not None and plan.model_parallel_size() * dp != u.gpus:
+        raise InvalidPlanError(f"dp {dp} · tp·pp·cp {plan.model_parallel_size()} != {u.gpus} GPUs; drop dp (it is "
+                               "derived) or fix the degrees")
+    return plan
+
+
+def _measured_run(u: Any, run_id: str, path: str) -> MeasuredRun:
+    from autopar.api import validate_plan_for
+    from autopar.hardware import load_cluster
+    from autopar.model import load_model
+
+    plan = user_plan(u)
+    graph = load_model(u.model)
+    validate_plan_for(graph, load_cluster(u.cluster, u.gpus), plan)
+    if u.step_time_s is not None:
+        tokens_per_s_per_gpu = u.global_batch * u.seq_len / u.step_time_s / u.gpus
+        step_s, conversion = u.step_time_s, "B·s / step time / GPUs"
+    else:
+        tokens_per_s_per_gpu = u.tokens_per_s_per_gpu
+        step_s, conversion = u.global_batch * u.seq_len / (u.tokens_per_s_per_gpu * u.gpus), "tokens/s/GPU as measured"
+    return MeasuredRun(
+        run_id=run_id, source=u.source or "user", source_detail=u.source or path,
+        arch={"model": u.model, "moe": bool(graph.spec.moe) or None}, cluster=u.cluster, num_gpus=u.gpus,
+        seq_len=u.seq_len, global_batch=u.global_batch, micro_batch=plan.mbs, tp=plan.tp, pp=plan.pp,
+        dp=u.gpus // plan.model_parallel_size(), cp=plan.cp, ep=plan.ep, etp=plan.expert_tp, vpp=plan.vpp,
+        sequence_parallel=plan.sequence_parallel, recompute=plan.recompute.mode.value, zero_stage=plan.zero,
+        precision=plan.precision.value, measured_tokens_per_s_per_gpu=tokens_per_s_per_gpu,
+        measured_step_time_s=step_s, conversion=conversion, confidence="user", split="fit",
+        framework=plan.framework.value, framework_release=plan.framework_release,
+        grad_reduce_in_bf16=plan.grad_reduce_in_bf16, measured_memory_gib=u.peak_memory_gib,
+        compiled=plan.torch_compile, plan=plan)
