@@ -18,7 +18,7 @@ import numpy as np
 
 from autopar.cost.params import CostParams, params_from_file
 from autopar.cost.step import estimate
-from autopar.schema.cost_model import CostModelFile, FitReport
+from autopar.schema.cost_model import CostModelFile, FitReport, GemmShape
 from autopar.schema.plan import ParallelPlan
 from autopar.validate.dataset import MeasuredRun
 from autopar.validate.runner import _cluster_for, _graph_for, predict
@@ -327,7 +327,16 @@ def constant_sources(f: CostModelFile, free: Sequence[str], fit_runs: Sequence[M
             framework = name.split(".", 1)[0]
             out[f"frameworks.{name}"] = f"fitted on {', '.join(sorted(by_framework.get(framework, set())))} (all splits)"
     out["attention_kernels"] = "kernel benchmark tables, each entry names its figure (FlashAttention-2/-3 papers)"
+    if f.gemm_shape:
+        out["gemm_shape"] = GEMM_SHAPE_SOURCE
     return out
+
+
+GEMM_SHAPE_SOURCE = (
+    "kernel benchmark: fitted (autopar.calibrate.fit_gemm_shape) to the relative efficiency of 65 bf16 and 65 fp8 "
+    "GEMM shapes measured on an H200 (cost_models/measured/h200_kernels.json: torch a@b and torch._scaled_mm e4m3, "
+    "median of 10 CUDA-event timings; the same GH100 compute as H100 and H800), each shape's efficiency over the "
+    "median of the shapes with every dim >= 4096; not fitted to runs")
 
 
 _PRIOR_SOURCES = {
@@ -364,6 +373,44 @@ def derive(base: CostModelFile, name: str, gpus: list[str], command: str, reason
         "method": "derived", "command": command, "date": date.today().isoformat(),
         "sources": [f"{base.name}.json ({base.provenance.method}: {base.provenance.command})"], "notes": reason})
     return base.model_copy(update={"name": name, "gpus": gpus, "provenance": prov, "fit": None})
+
+
+# --------------------------------------------------------------------------- GEMM shape factors
+
+# The shapes whose median efficiency is the reference of the shape factor: every dim at least this.
+SHAPE_REFERENCE_MIN_DIM = 4096
+
+
+def relative_gemm_efficiency(points: Sequence[dict[str, float]],
+                             peak_tflops: float) -> list[tuple[int, int, int, float]]:
+    """(m, n, k, relative efficiency) of measured GEMMs ({m, n, k, tflops}): each shape's efficiency
+    over the median efficiency of the shapes with every dim at least SHAPE_REFERENCE_MIN_DIM."""
+    eff = [(int(g["m"]), int(g["n"]), int(g["k"]), g["tflops"] / peak_tflops) for g in points]
+    large = sorted(e for m, n, k, e in eff if min(m, n, k) >= SHAPE_REFERENCE_MIN_DIM)
+    if not large:
+        raise ValueError(f"no measured GEMM with every dim >= {SHAPE_REFERENCE_MIN_DIM} to normalise by")
+    mid = len(large) // 2
+    reference = large[mid] if len(large) % 2 else (large[mid - 1] + large[mid]) / 2
+    return [(m, n, k, e / reference) for m, n, k, e in eff]
+
+
+def fit_gemm_shape(points: Sequence[dict[str, float]], peak_tflops: float) -> GemmShape:
+    """The GemmShape (scale · mn/(mn + half_mn) · k/(k + half_k)) nearest, in squared log error, to the
+    relative efficiencies of measured GEMMs (relative_gemm_efficiency): two half-sizes and a scale,
+    monotone in every dim as the search's lower bounds need (a larger micro batch never computes
+    slower per token), where an interpolation of the raw points would carry their noise."""
+    rel = relative_gemm_efficiency(points, peak_tflops)
+    logs = np.array([math.log(f) for *_, f in rel])
+    mn = np.array([float(m) * n for m, n, _, _ in rel])
+    kk = np.array([float(k) for _, _, k, _ in rel])
+
+    def model(x: np.ndarray) -> np.ndarray:
+        scale, half_mn, half_k = math.exp(x[0]), math.exp(x[1]), math.exp(x[2])
+        return math.log(scale) + np.log(mn / (mn + half_mn)) + np.log(kk / (kk + half_k))
+
+    x0 = np.array([0.0, math.log(1e6), math.log(256.0)])
+    x, _ = nelder_mead(lambda x: float(np.sum((logs - model(x)) ** 2)), x0, iters=2000)
+    return GemmShape(scale=math.exp(x[0]), half_mn=math.exp(x[1]), half_k=math.exp(x[2]))
 
 
 # --------------------------------------------------------------------------- a user's own runs

@@ -239,8 +239,9 @@ def test_megatron_sp_backward_hides_the_regather_and_dgrad_reduce_scatter_behind
     want = 2 * ag
     for n in ((32 + 2 * 8) * 128 / 8, 2 * 14336 / 8):  # qkv, fc1: each opens a block
         _, dgrad_b, wgrad_b = gemm_pass_bytes(8192, n, 4096, 2.0)
-        dgrad = gemm_time_s(8192, n, 4096, 989e12, P, 1.0, dgrad_b, H100.hbm_bytes_per_s)
-        wgrad = gemm_time_s(8192, n, 4096, 989e12, P, 1.0, wgrad_b, H100.hbm_bytes_per_s)
+        # dgrad dx = dy·Wᵀ: output 8192 × 4096, inner n; wgrad dW = xᵀ·dy: output 4096 × n, inner 8192.
+        dgrad = gemm_time_s(8192, 4096, n, 989e12, P, 1.0, dgrad_b, H100.hbm_bytes_per_s)
+        wgrad = gemm_time_s(4096, n, 8192, 989e12, P, 1.0, wgrad_b, H100.hbm_bytes_per_s)
         want += max(0.0, ag - dgrad) + max(0.0, rs - wgrad)
     bwd = _tp_comm_bwd(LAYER, s, spans, H100, P, False, fwd)
     assert bwd == pytest.approx(want, rel=1e-12)

@@ -18,12 +18,21 @@ def _saturation(dim: float, half: float) -> float:
     return dim / (dim + half)
 
 
-def gemm_efficiency(m: float, n: float, k: float, p: CostParams) -> float:
-    """Fraction of dense peak a (m × k)·(k × n) GEMM reaches; from the profiled table if present."""
+def gemm_efficiency(m: float, n: float, k: float, p: CostParams, fp8: bool = False) -> float:
+    """Fraction of dense peak a (m × k)·(k × n) GEMM reaches: from the profiled table if present, else
+    gemm_max times the saturation in each dim, times the shape factor the cost model measured for the
+    GPU family where it has one (gemm_shape: the output's tiles m·n and the depth k, each saturating,
+    so a TP-split projection with k = hidden/tp or an expert's few thousand tokens runs below a
+    large GEMM; fp8 GEMMs by their own fit)."""
     if p.gemm_table:
         return _interpolate_gemm(m, n, k, p.gemm_table)
     h = p.gemm_half_dim
-    return p.gemm_max * _saturation(m, h) * _saturation(n, h) * _saturation(k, h)
+    eff = p.gemm_max * _saturation(m, h) * _saturation(n, h) * _saturation(k, h)
+    shape = p.gemm_shape_fp8 if fp8 and p.gemm_shape_fp8 else p.gemm_shape
+    if shape:
+        scale, half_mn, half_k = shape
+        eff *= scale * _saturation(m * n, half_mn) * _saturation(k, half_k)
+    return eff
 
 
 def _interpolate_gemm(m: float, n: float, k: float, table: tuple) -> float:
@@ -44,14 +53,14 @@ GEMM_STREAM_HBM_EFFICIENCY = 0.83
 
 
 def gemm_time_s(m: float, n: float, k: float, peak_flops: float, p: CostParams, count: float = 1.0,
-                bytes_moved: float = 0.0, hbm_bytes_per_s: float = 0.0) -> float:
+                bytes_moved: float = 0.0, hbm_bytes_per_s: float = 0.0, fp8: bool = False) -> float:
     """`count` identical GEMMs of shape (m, n, k): the larger of 2·m·n·k FLOPs at the shape's
     efficiency and `bytes_moved` (operands read, result written) at HBM speed, the roofline
     (Williams et al. 2009, "Roofline", CACM 52(4)); the second binds for skinny GEMMs such as
     fine-grained experts with a few hundred tokens each. Without bytes or bandwidth: FLOPs only."""
     if m <= 0 or n <= 0 or k <= 0:
         return 0.0
-    compute_s = 2.0 * m * n * k / (peak_flops * gemm_efficiency(m, n, k, p))
+    compute_s = 2.0 * m * n * k / (peak_flops * gemm_efficiency(m, n, k, p, fp8))
     memory_s = bytes_moved / (hbm_bytes_per_s * GEMM_STREAM_HBM_EFFICIENCY) if hbm_bytes_per_s > 0 else 0.0
     return count * (max(compute_s, memory_s) + p.kernel_overhead_s)
 

@@ -177,11 +177,13 @@ def _gemm_module(name: str) -> str:
 def gemm_pass_times_s(m: float, n: float, k: float, count: float, operand_bytes: float, peak_flops: float,
                       hbm_bytes_per_s: float, p: CostParams) -> tuple[float, float]:
     """(forward, dgrad + wgrad) seconds of `count` GEMMs of shape (m, n, k), each pass at the
-    roofline of its own HBM bytes (compute.gemm_pass_bytes)."""
+    roofline of its own HBM bytes (compute.gemm_pass_bytes) and at the efficiency of its own shape
+    (output × inner dim): forward (m × n, k), dgrad dx = dy·Wᵀ (m × k, n), wgrad dW = xᵀ·dy (k × n, m)."""
     fwd_b, dgrad_b, wgrad_b = gemm_pass_bytes(m, n, k, operand_bytes)
-    return (gemm_time_s(m, n, k, peak_flops, p, count, fwd_b, hbm_bytes_per_s),
-            gemm_time_s(m, n, k, peak_flops, p, count, dgrad_b, hbm_bytes_per_s)
-            + gemm_time_s(m, n, k, peak_flops, p, count, wgrad_b, hbm_bytes_per_s))
+    fp8 = operand_bytes < BF16_BYTES
+    return (gemm_time_s(m, n, k, peak_flops, p, count, fwd_b, hbm_bytes_per_s, fp8),
+            gemm_time_s(m, k, n, peak_flops, p, count, dgrad_b, hbm_bytes_per_s, fp8)
+            + gemm_time_s(k, n, m, peak_flops, p, count, wgrad_b, hbm_bytes_per_s, fp8))
 
 
 def fp8_cast_bytes(m: float, n: float, k: float, norm_fed: bool, recipe: str = "te") -> tuple[float, float]:
@@ -381,8 +383,9 @@ def _tp_comm_bwd(layer: Layer, s: Split, spans: Spans, cluster: Cluster, p: Cost
         hit = gemm_memo.get(key) if gemm_memo is not None else None
         if hit is None:
             _, dgrad_b, wgrad_b = gemm_pass_bytes(m, n, k, operand_bytes)
-            hit = (gemm_time_s(m, n, k, s.peak_flops, p, 1.0, dgrad_b, cluster.hbm_bytes_per_s),
-                   gemm_time_s(m, n, k, s.peak_flops, p, 1.0, wgrad_b, cluster.hbm_bytes_per_s))
+            fp8 = operand_bytes < BF16_BYTES
+            hit = (gemm_time_s(m, k, n, s.peak_flops, p, 1.0, dgrad_b, cluster.hbm_bytes_per_s, fp8),
+                   gemm_time_s(k, n, m, s.peak_flops, p, 1.0, wgrad_b, cluster.hbm_bytes_per_s, fp8))
             if gemm_memo is not None:
                 gemm_memo[key] = hit
         dgrad_s, wgrad_s = hit

@@ -44,6 +44,8 @@ class CostParams:
     fragmentation: float
     comm_buffer_bytes: float
     gemm_table: tuple[tuple[int, int, int, float], ...] = ()
+    gemm_shape: tuple[float, float, float] | None = None  # (scale, half_mn, half_k), CostModelFile.gemm_shape
+    gemm_shape_fp8: tuple[float, float, float] | None = None  # the same for fp8 GEMMs
     attention_rates: tuple[tuple[str, float, float], ...] = ()  # (kernel family, fwd, bwd) fractions of peak
     framework_overrides: tuple[tuple[str, tuple[tuple[str, float], ...]], ...] = ()
     framework: str = "megatron"
@@ -80,6 +82,11 @@ def for_framework(p: CostParams, framework: str) -> CostParams:
     return replace(p, framework=framework, **updates)
 
 
+def _shape(f: CostModelFile, dtype: str) -> tuple[float, float, float] | None:
+    g = getattr(f.gemm_shape, dtype) if f.gemm_shape is not None else None
+    return (g.scale, g.half_mn, g.half_k) if g is not None else None
+
+
 def params_from_file(f: CostModelFile) -> CostParams:
     c, n, m = f.compute, f.network, f.memory
     return CostParams(
@@ -92,6 +99,7 @@ def params_from_file(f: CostModelFile) -> CostParams:
         cuda_context_bytes=m.cuda_context_gib * GiB, fragmentation=m.fragmentation,
         comm_buffer_bytes=m.comm_buffer_gib * GiB,
         gemm_table=tuple((p.m, p.n, p.k, p.efficiency) for p in f.gemm_table),
+        gemm_shape=_shape(f, "bf16"), gemm_shape_fp8=_shape(f, "fp8"),
         attention_rates=tuple((k, r.fwd, r.bwd) for k, r in sorted(f.attention_kernels.items())),
         framework_overrides=tuple(
             (name, tuple(sorted({**fe.compute, **fe.network}.items()))) for name, fe in sorted(f.frameworks.items())),

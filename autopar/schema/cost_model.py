@@ -1,9 +1,10 @@
 """Boundary model of a cost-model file (cost_models/*.json): the efficiencies that turn FLOPs and
 bytes into seconds for one GPU type, with the provenance of every number.
 
-The shape model (autopar.cost.compute) is parametric: efficiency = max · Π_d d/(d + half_d), so a
-few fitted numbers cover every GEMM shape; `gemm_table`, when a profile measured one, overrides it
-by interpolation in log-shape.
+The shape model (autopar.cost.compute) is parametric: efficiency = max · Π_d d/(d + half_d), times
+`gemm_shape`'s factor (two saturations fitted to kernel measurements of the GPU family) where the
+file has one, so a few numbers cover every GEMM shape; `gemm_table`, when a profile measured one,
+overrides it by interpolation in log-shape.
 """
 
 from __future__ import annotations
@@ -93,6 +94,27 @@ class GemmPoint(BaseModel):
     efficiency: Real = Field(..., gt=0, le=1.2, description="Measured TFLOP/s over the dtype's dense peak.")
 
 
+class GemmShape(BaseModel):
+    """Relative GEMM efficiency scale · mn/(mn + half_mn) · k/(k + half_k) of an (m × k)·(k × n) GEMM:
+    it saturates with the output's size m·n (its tiles, how many waves fill the SMs) and with the
+    depth k, and is about 1 on the median large shape (every dim ≥ 4096) of the measurement it is fitted to."""
+
+    model_config = _FROZEN
+
+    scale: Real = Field(..., gt=0, le=2)
+    half_mn: Real = Field(..., ge=0, description="Output elements m·n at which that factor halves.")
+    half_k: Real = Field(..., ge=0, description="Inner dim k at which that factor halves.")
+
+
+class GemmShapes(BaseModel):
+    """The shape factor of bf16 GEMMs, and of fp8 GEMMs (None: the bf16 one)."""
+
+    model_config = _FROZEN
+
+    bf16: GemmShape | None = None
+    fp8: GemmShape | None = None
+
+
 class FitReport(BaseModel):
     model_config = _FROZEN
 
@@ -113,6 +135,10 @@ class CostModelFile(BaseModel):
     network: NetworkEfficiency
     memory: MemoryOverheads
     gemm_table: list[GemmPoint] = Field(default_factory=list, description="Profiled GEMM efficiencies, if any.")
+    gemm_shape: GemmShapes | None = Field(
+        None, description="GEMM efficiency by shape, fitted to kernel measurements of this GPU family (not to "
+        "runs): it multiplies gemm_max (autopar.cost.compute.gemm_efficiency). Ignored when gemm_table is given; "
+        "None = no shape dependence beyond gemm_half_dim.")
     attention_kernels: dict[str, AttentionKernelRate] = Field(
         default_factory=dict, description="Flash-attention rates by kernel family (fa2, fa3, cudnn; 'profiled' "
         "overrides every family); empty = attention_max for both passes.")
