@@ -428,8 +428,11 @@ def load_user_runs(path: str) -> list[MeasuredRun]:
 def calibrate_user(runs_path: str, base: CostModelFile, command: str, free: Sequence[str] = USER_FREE,
                    iters: int = 150) -> tuple[CostModelFile, list[tuple[str, float]]]:
     """Fit on all runs; leave-one-out: refit without each run and predict it. Returns the file and
-    (run_id, held-out error) pairs."""
+    (run_id, held-out error) pairs. A framework with its own GEMM ceiling in `base` (torchtitan,
+    DeepSpeed) has it fitted too where the runs use that framework: its runs never read the file's."""
     runs = load_user_runs(runs_path)
+    own = sorted({r.framework for r in runs if "gemm_max" in getattr(base.frameworks.get(r.framework), "compute", {})})
+    free = list(free) + [f"{fw}.gemm_max" for fw in own if f"{fw}.gemm_max" not in free]
     result = fit(runs, base, free, rounds=1, iters=iters)
     loo: list[tuple[str, float]] = []
     if len(runs) > 1:

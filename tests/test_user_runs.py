@@ -189,3 +189,20 @@ def test_example_runs_match_the_shipped_validator_on_the_same_runs():
         assert mine[measured]["predicted_tokens_per_s_per_gpu"] == pytest.approx(
             shipped[run_id]["predicted_tokens_per_s_per_gpu"], rel=1e-12)
         assert mine[measured]["predicted_memory_gib"] == pytest.approx(shipped[run_id]["predicted_memory_gib"], rel=1e-12)
+
+
+def test_calibrating_torchtitan_runs_fits_torchtitans_own_gemm_ceiling(tmp_path):
+    """A torchtitan run reads torchtitan's own GEMM ceiling (the cost model's frameworks section),
+    never the file's: calibrating such runs must fit that one."""
+    from pathlib import Path
+
+    from autopar.cost.params import load_cost_model
+
+    example = Path(__file__).parent.parent / "examples" / "measured-runs.yaml"
+    out = tmp_path / "mine.json"
+    r = runner.invoke(app, ["calibrate", str(example), "--base", "h100", "--out", str(out), "--iters", "20"])
+    assert r.exit_code == 0, r.output
+    base, _ = load_cost_model("h100")
+    mine, _ = load_cost_model(str(out))
+    assert "torchtitan.gemm_max" in mine.provenance.notes
+    assert mine.frameworks["torchtitan"].compute["gemm_max"] != base.frameworks["torchtitan"].compute["gemm_max"]
