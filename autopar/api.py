@@ -100,15 +100,23 @@ def estimate_plan(model: str, cluster: str, gpus: int, plan: ParallelPlan, cost_
 
 def plan_from_assignments(text: str, gpus: int, global_batch: int, seq_len: int, **defaults: Any) -> ParallelPlan:
     """A plan from a --plan string such as 'tp=8,pp=8,mbs=1,recompute=full' (dp is derived)."""
-    a = parse_assignments(text, "--plan")
+    return plan_from_fields(parse_assignments(text, "--plan"), gpus, global_batch, seq_len, f"--plan {text!r}: ",
+                            **defaults)
+
+
+def plan_from_fields(fields: dict[str, Any], gpus: int, global_batch: int, seq_len: int, where: str = "",
+                     **defaults: Any) -> ParallelPlan:
+    """A plan from plan fields (recompute may be just its mode; dp, if given, must be what the GPUs
+    leave), `defaults` filling what they leave out; `where` prefixes the dp message."""
+    a = dict(fields)
     dp = a.pop("dp", None)
     rec = a.pop("recompute", None)
-    fields = {**defaults, **a, "global_batch": global_batch, "seq_len": seq_len}
+    merged = {**defaults, **a, "global_batch": global_batch, "seq_len": seq_len}
     if rec is not None:
-        fields["recompute"] = {"mode": rec}
-    plan = make_plan(**fields)
+        merged["recompute"] = {"mode": rec} if isinstance(rec, str) else rec
+    plan = make_plan(**merged)
     if dp is not None and plan.model_parallel_size() * dp != gpus:
-        raise InvalidPlanError(f"--plan {text!r}: dp {dp} · tp·pp·cp {plan.model_parallel_size()} != {gpus} GPUs; "
+        raise InvalidPlanError(f"{where}dp {dp} · tp·pp·cp {plan.model_parallel_size()} != {gpus} GPUs; "
                                "drop dp (it is derived) or fix the degrees")
     return plan
 

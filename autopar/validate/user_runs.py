@@ -13,7 +13,7 @@ from __future__ import annotations
 from pathlib import Path
 from typing import Any
 
-from autopar.errors import AutoparError, InputFileError, InvalidPlanError, SchemaError
+from autopar.errors import AutoparError, InputFileError, SchemaError
 from autopar.validate.dataset import MeasuredRun
 
 RUNS_FORMAT_HINT = "see autopar/schema/runs.py (or `autopar validate --help`) for its format"
@@ -54,7 +54,7 @@ def load_user_runs(path: str) -> list[MeasuredRun]:
 
 def user_plan(u: Any) -> Any:
     """The ParallelPlan a user run states, estimate's defaults filling what it leaves out."""
-    from autopar.api import make_plan
+    from autopar.api import plan_from_fields
     from autopar.choices import default_zero
     from autopar.schema.plan import Framework
 
@@ -63,23 +63,12 @@ def user_plan(u: Any) -> Any:
     if misplaced:
         raise SchemaError(f"parallel states {', '.join(misplaced)}; give each as a key of the run itself, "
                           "beside parallel")
-    dp = fields.pop("dp", None)
     framework = fields.get("framework", Framework.MEGATRON.value)
     try:
         zero = default_zero(framework)
     except ValueError:
         raise SchemaError(f"framework {framework!r} is not one of {', '.join(f.value for f in Framework)}")
-    rec = fields.pop("recompute", None)
-    if isinstance(rec, str):
-        rec = {"mode": rec}
-    fields = {"zero": zero, **fields, "global_batch": u.global_batch, "seq_len": u.seq_len}
-    if rec is not None:
-        fields["recompute"] = rec
-    plan = make_plan(**fields)
-    if dp is not None and plan.model_parallel_size() * dp != u.gpus:
-        raise InvalidPlanError(f"dp {dp} · tp·pp·cp {plan.model_parallel_size()} != {u.gpus} GPUs; drop dp (it is "
-                               "derived) or fix the degrees")
-    return plan
+    return plan_from_fields(fields, u.gpus, u.global_batch, u.seq_len, zero=zero)
 
 
 def _measured_run(u: Any, run_id: str, path: str) -> MeasuredRun:
