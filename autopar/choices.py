@@ -47,7 +47,7 @@ FRAMEWORK_DEFAULT_ZERO = {Framework.MEGATRON: 1, Framework.DEEPSPEED: 1, Framewo
 # without a release describes the current ones. DeepSpeed "0.3": 0.3.13-0.5.5 (2021) on PyTorch <= 1.8;
 # "megatron-deepspeed": DeepSpeed running Megatron-DeepSpeed's GPT instead of a Hugging Face model;
 # torchtitan "2024-12": commit 9dec370 with torchao eab345c (tensorwise float8).
-FRAMEWORK_OLDER_RELEASES = {Framework.MEGATRON: (), Framework.DEEPSPEED: ("0.3", "megatron-deepspeed"),
+FRAMEWORK_OLDER_RELEASES = {Framework.MEGATRON: ("pre-core",), Framework.DEEPSPEED: ("0.3", "megatron-deepspeed"),
                             Framework.TORCHTITAN: ("2024-12",)}
 
 

@@ -14,6 +14,7 @@ from autopar.cost.pipeline import (
     PipelineTimes,
     bubble_fraction_1f1b,
     bubble_fraction_interleaved,
+    exposed_p2p_hops,
     pipeline_step_s,
     simulate_1f1b,
     simulate_interleaved,
@@ -116,12 +117,14 @@ def test_uniform_1f1b_p2p_round_trip_stalls_hand_worked():
     # s0: F0[0,1] F1[1,2]; s1: F0[1+d,2+d] B0[2+d,3+d] F1[3+d,4+d] B1[4+d,5+d]
     # s0: B0[3+2d,4+2d] F2[4+2d,5+2d]; s1: F2 waits for it: [5+3d,6+3d] B2[6+3d,7+3d]
     # s0: B1[5+2d,6+2d] F3[6+2d,7+2d]; s1: F3[7+3d,8+3d] B3[8+3d,9+3d]
-    # s0: B2[7+4d,8+4d] B3[9+4d,10+4d]  -> step 10 + 4d, while the closed form says 10 + 2d:
-    # with p2p the 2 microbatches in flight on stage 0 no longer cover one round trip.
+    # s0: B2[7+4d,8+4d] B3[9+4d,10+4d]  -> step 10 + 4d: with p2p the 2 microbatches in flight on
+    # stage 0 no longer cover one round trip. The closed form counts those sends too:
+    # exposed_p2p_hops(2, 4, 1) = 2 + 2·3 − 2·(⌊2/2⌋ + 1) = 4.
     d = 0.5
     step_s = simulate_1f1b([1.0, 1.0], [1.0, 1.0], 4, p2p_s=d).step_s
     assert step_s == pytest.approx(10 + 4 * d)
-    assert step_time_1f1b_closed_s([1.0, 1.0], [1.0, 1.0], 4, d) == pytest.approx(10 + 2 * d)
+    assert exposed_p2p_hops(2, 4, 1) == 4
+    assert step_time_1f1b_closed_s([1.0, 1.0], [1.0, 1.0], 4, d) == pytest.approx(10 + 4 * d)
 
 
 def test_per_boundary_p2p_list():
@@ -307,10 +310,31 @@ def test_interleaved_uniform_p2p_closed_form_is_lower_bound(p, vpp, groups, fc, 
     m = p * groups
     step_s = simulate_interleaved([fc] * (p * vpp), [bc] * (p * vpp), m, vpp, d).step_s
     closed_s = step_time_interleaved_closed_s(vpp * fc, vpp * bc, p, m, vpp, d)
-    # The closed form charges the 2(p − 1) rank boundaries of one microbatch's path; its path crosses
-    # 2(p·vpp − 1) virtual-stage boundaries, 2p(vpp − 1) more, plus the steady-state stalls.
-    slack_s = (m * vpp - 1) * 2 * (p - 1) * d / p + 2 * p * (vpp - 1) * d
+    # The closed form charges the 2(p·vpp − 1) virtual-stage boundaries of the first microbatch's
+    # forward and the last one's backward; sends longer than a chunk also stall the steady state.
+    slack_s = (m * vpp - 1) * 2 * (p - 1) * d / p
     assert closed_s - 1e-7 <= step_s <= closed_s + slack_s + 1e-7
+    if d <= min(fc, bc):
+        assert step_s == pytest.approx(closed_s, rel=1e-9)
+
+
+@settings(max_examples=300, deadline=None)
+@given(p=st.integers(1, 8), m=st.integers(1, 24), f=times_st, b=times_st, share=st.floats(0.0, 1.0))
+def test_1f1b_uniform_closed_form_exact_while_sends_are_shorter_than_compute(p, m, f, b, share):
+    # Sends no longer than a stage's forward and backward: the closed form's p2p hop count is the
+    # event simulation's, fill, drain and the steady state's round trips alike.
+    d = share * min(f, b)
+    fwd_s, bwd_s = _uniform(p, f, b)
+    assert simulate_1f1b(fwd_s, bwd_s, m, d).step_s == pytest.approx(step_time_1f1b_closed_s(fwd_s, bwd_s, m, d),
+                                                                     rel=1e-9, abs=1e-9)
+
+
+@pytest.mark.parametrize(("p", "m", "v", "hops"), [(1, 8, 1, 0), (4, 1, 1, 6), (4, 2, 1, 6), (4, 3, 1, 8),
+                                                   (4, 6, 1, 12), (4, 8, 1, 16), (2, 4, 2, 6), (4, 8, 5, 38)])
+def test_exposed_p2p_hops_hand_worked(p, m, v, hops):
+    # 1F1B p=4: 6 for fill and drain, +2 per microbatch after the first, except at m = 2, 6, 10, ...
+    # (2(p − 1) + 2(m − 1) − 2(⌊(m − 2)/p⌋ + 1)); interleaved: 2(p·v − 1) whatever m.
+    assert exposed_p2p_hops(p, m, v) == hops
 
 
 # ----------------------------------------------------------------------------- speed

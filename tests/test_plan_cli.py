@@ -120,3 +120,16 @@ def test_torchtitan_selective_reads_as_its_per_op_policy():
     assert r.exit_code == 0 and "recompute selective(op)" in " ".join(r.output.split())
     assert ParallelPlan(global_batch=16, seq_len=8192, framework="torchtitan", zero=3,
                         recompute=rec).recompute.modules == ("core_attn",)  # the plan JSON keeps its fields
+
+
+def test_recompute_layers_without_full_recompute_is_refused():
+    # Megatron reads --recompute-num-layers only under --recompute-granularity full: a layer count
+    # with selective (the default) or none used to be dropped silently.
+    base = ["estimate", "llama3-8b", "--cluster", "dgx-h100", "--gpus", "8", "--global-batch", "8",
+            "--seq-len", "2048", "--recompute-layers", "3"]
+    for extra in ([], ["--recompute", "none"], ["--recompute", "selective"]):
+        result = runner.invoke(app, base + extra)
+        assert result.exit_code == 2
+        assert result.stderr.count("\n") == 1 and "--recompute full" in result.stderr
+    ok = runner.invoke(app, base + ["--recompute", "full", "--json"])
+    assert ok.exit_code == 0 and json.loads(ok.stdout)["parallel"]["recompute"]["num_layers"] == 3

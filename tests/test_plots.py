@@ -11,7 +11,7 @@ import pytest
 from rich.console import Console
 
 from autopar.api import estimate_plan, make_plan
-from autopar.cost.pipeline import simulate_1f1b, simulate_interleaved
+from autopar.cost.pipeline import exposed_p2p_hops, simulate_1f1b, simulate_interleaved
 from autopar.report.plots import (INSTALL_HINT, MAX_MICROBATCHES, memory_text, pipeline_timeline, save_picture,
                                   simulated_microbatches, terminal_picture, timeline_text)
 from autopar.report.sweep import SweepPoint, bar_glyphs
@@ -41,7 +41,7 @@ def test_timeline_is_the_simulated_schedule(name):
     # Independent simulation from the stage estimates, each rank's time split evenly over its chunks.
     f = [est.stages[i % p].fwd_s / v for i in range(p * v)]
     b = [est.stages[i % p].bwd_s / v for i in range(p * v)]
-    p2p = est.time_breakdown_s["pp_comm"] / (2 * (p - 1)) if p > 1 else 0.0
+    p2p = est.time_breakdown_s["pp_comm"] / exposed_p2p_hops(p, m, v) if p > 1 else 0.0
     sim = simulate_1f1b(f, b, m, p2p) if v == 1 else simulate_interleaved(f, b, m, v, p2p)
     assert tl.step_s == sim.step_s
     assert max(x.end_s for x in tl.bars) - min(x.start_s for x in tl.bars) == pytest.approx(sim.step_s, rel=1e-12)

@@ -62,8 +62,13 @@ Sources, per field:
   torchtitan of December 2024 (commit 9dec370 with torchao eab345c, the torchtitan-2412 runs):
   float8 linears with dynamic tensorwise scaling, the default then (--float8.scaling_type_* dynamic);
   torchtitan 0.3's Float8LinearConverter offers rowwise recipes only.
+  Megatron-LM before Megatron-Core's pipeline (commit 27fc468 of January 2021 to 3c92fa9 of March
+  2023; the SC'21 and 2022 runs): without sequence parallelism a stage-boundary send is split over
+  the tp ranks and all-gathered on receipt (p2p_communication.py, scatter_gather_tensors_in_pipeline;
+  Narayanan et al. SC'21 §4.1); Megatron-Core sends the whole tensor.
   Megatron-DeepSpeed (microsoft/Megatron-DeepSpeed, vTrain's runs): DeepSpeed running Megatron's own
-  GPT, with its fused kernels and vocab-parallel cross-entropy instead of a Hugging Face model.
+  GPT, with its fused kernels and vocab-parallel cross-entropy instead of a Hugging Face model, and
+  Megatron-LM's pipeline scatter/gather.
   DeepSpeed 0.3.13-0.5.5 (March-October 2021, the SC'21 ZeRO-3 runs, also Megatron-DeepSpeed) on PyTorch <= 1.8:
   partition_parameters._allgather_param calls torch.cuda.synchronize() before every parameter
   all-gather and fetch_sub_module waits for it, so gathers never overlap compute ("the async version
@@ -129,6 +134,7 @@ class FrameworkProfile:
     tp_backward_overlap: bool = False  # sp backward: input re-gather / dgrad reduce-scatter behind dgrad / wgrad
     elementwise: str = "fused"  # norms, RoPE, activation: "fused" kernels | "eager" op by op | "compile": per plan
     fp8_casts: str = "te"  # how fp8 linears cast their operands (autopar.cost.layer.FP8_CAST_RECIPES)
+    pipeline_scatter_gather: bool = False  # pp sends split over tp without sp, all-gathered on receipt
 
     def attention_kernel(self, arch: str) -> str:
         return dict(self.attention_kernel_by_arch).get(arch, "fa2")
@@ -159,13 +165,16 @@ FRAMEWORK_PROFILES: dict[str, FrameworkProfile] = {
 
 # (framework, release) -> the profile of an older release that behaved differently (module docstring).
 FRAMEWORK_RELEASES: dict[tuple[str, str], FrameworkProfile] = {
+    ("megatron", "pre-core"): replace(
+        FRAMEWORK_PROFILES["megatron"], version="Megatron-LM of 2021-22, before Megatron-Core's pipeline (March 2023)",
+        pipeline_scatter_gather=True),
     ("deepspeed", "megatron-deepspeed"): replace(
         FRAMEWORK_PROFILES["deepspeed"], version="DeepSpeed 0.9+ running Megatron-DeepSpeed's GPT",
-        fused_cross_entropy=True, elementwise="fused"),
+        fused_cross_entropy=True, elementwise="fused", pipeline_scatter_gather=True),
     ("deepspeed", "0.3"): replace(
         FRAMEWORK_PROFILES["deepspeed"], version="DeepSpeed 0.3.13-0.5.5 (2021) on PyTorch <= 1.8, Megatron-DeepSpeed",
         synchronous_gathers=True, per_rank_copies=True, gathered_bytes_per_unit_param=6.0, elementwise="fused",
-        fused_cross_entropy=True),
+        fused_cross_entropy=True, pipeline_scatter_gather=True),
     ("torchtitan", "2024-12"): replace(
         FRAMEWORK_PROFILES["torchtitan"],
         version="torchtitan 9dec370 (Dec 2024) with torchao eab345c on PyTorch 2.6 nightly",

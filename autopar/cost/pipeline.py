@@ -78,19 +78,41 @@ def pipeline_step_s(f: Sequence[float], b: Sequence[float], m: int, v: int, p2p_
     """(step without p2p, p2p part) of the (interleaved) 1F1B schedule, closed form: the one the
     estimate and the search's bounds use.
 
-        base = m · max_r (f_r + b_r) + (Σ_r (f_r + b_r) − max_r (f_r + b_r)) / v,   p2p = 2(p − 1) · p2p_s
+        base = m · max_r (f_r + b_r) + (Σ_r (f_r + b_r) − max_r (f_r + b_r)) / v,
+        p2p = exposed_p2p_hops(p, m, v) · p2p_s
 
     f_r, b_r: rank r's forward and backward of a FULL microbatch (all its v chunks). Source:
     Narayanan'21 §2.2: (m + p − 1)(f + b) for 1F1B and (m + (p − 1)/v)(f + b) interleaved with equal
     ranks, generalized to unequal ranks as one microbatch's path plus m − 1 slots of the slowest
-    rank. Exact against the event simulation for equal ranks without p2p (m % p == 0 when
-    interleaved); an upper bound for unequal ranks with the same backward/forward ratio; with
-    p2p > 0 a lower bound (see the tests). Ignores what the module docstring lists. O(p).
+    rank. Exact against the event simulation for equal ranks (m % p == 0 when interleaved) while a
+    send is no longer than a chunk's forward and its backward, a lower bound beyond; without p2p
+    an upper bound for unequal ranks with the same backward/forward ratio (see the tests). Ignores
+    what the module docstring lists. O(p).
     """
     fb = [x + y for x, y in zip(f, b)]
     slowest = max(fb)
     base = m * slowest + (sum(fb) - slowest) / v
-    return base, 2.0 * (len(fb) - 1) * p2p_s
+    return base, exposed_p2p_hops(len(fb), m, v) * p2p_s
+
+
+def exposed_p2p_hops(p: int, m: int, v: int) -> int:
+    """Stage-boundary sends on the critical path of one step: how many times `p2p_s` adds to the
+    step. Exact for equal stages whose compute outlasts a send (the event simulations agree; see
+    tests/test_pipeline.py); O(1).
+    Interleaved (v ≥ 2): the first microbatch's forward and the last one's backward each cross all
+    p·v − 1 virtual-stage boundaries, and the steady state hides every other send: 2(p·v − 1)
+    (Narayanan'21 §2.2.2: interleaving multiplies the communication by v).
+    1F1B (v = 1): 2(p − 1) for the fill and drain, plus in the steady state a blocking round trip
+    per microbatch (Megatron's send_forward_recv_backward / send_backward_recv_forward), two sends,
+    except once per p microbatches, when the microbatches in flight cover it:
+    2(p − 1) + 2(m − 1) − 2(⌊(m − 2)/p⌋ + 1) for m ≥ 2."""
+    if p <= 1:
+        return 0
+    if v > 1:
+        return 2 * (p * v - 1)
+    if m <= 1:
+        return 2 * (p - 1)
+    return 2 * (p - 1) + 2 * (m - 1) - 2 * ((m - 2) // p + 1)
 
 
 # ----------------------------------------------------------------------------- schedules

@@ -627,8 +627,7 @@ def estimate(graph: ModelGraph, cluster: Cluster, plan: ParallelPlan, p: CostPar
         stage_rows.append(StageEstimate(rank=r, layers=decoders,
                                         fwd_s=f[-1], bwd_s=b[-1], recompute_s=rec[-1], params=dense + expert,
                                         memory_bytes=mem, memory_breakdown_bytes=breakdown))
-    p2p_bytes = st.split.tokens * graph.spec.hidden_size * BF16_BYTES / (plan.tp if plan.sequence_parallel else 1)
-    p2p_s = comm.send_recv_s(p2p_bytes, st.pp_crosses_nodes, cluster, p) if plan.pp > 1 else 0.0
+    p2p_s = pipeline_send_s(graph.spec.hidden_size, st, plan, cluster, p, st.pp_crosses_nodes) if plan.pp > 1 else 0.0
     pipe_s, pp_comm_s = pipeline_step_s(f, b, st.m, plan.vpp, p2p_s)
     optimizer_s = memory_bound_time_s(opt_params * OPTIMIZER_BYTES_PER_PARAM, cluster.hbm_bytes_per_s, p, kernels=4)
     step_s = pipe_s + pp_comm_s + dp_exposed + optimizer_s
@@ -645,6 +644,23 @@ def estimate(graph: ModelGraph, cluster: Cluster, plan: ParallelPlan, p: CostPar
         "optimizer": optimizer_s,
     }
     return _summarize(graph, cluster, plan, st, step_s, breakdown_s, stage_rows, rec, memory_margin, memo)
+
+
+def pipeline_send_s(hidden_size: int, st: StepSetup, plan: ParallelPlan, cluster: Cluster, p: CostParams,
+                    crosses_nodes: bool) -> float:
+    """One stage-boundary send of a microbatch's activations (or their gradient), tokens × hidden in
+    bf16. Megatron-Core sends the sp-split tensor under sequence parallelism and the whole tensor
+    otherwise. Megatron-LM before Megatron-Core's pipeline (January 2021 to March 2023) and
+    Megatron-DeepSpeed split it over the tp ranks without sequence parallelism, each sending 1/tp,
+    and all-gather it over tp on the receiving stage before use (Narayanan et al. SC'21 §4.1, the
+    scatter/gather optimization; --no-scatter-gather-tensors-in-pipeline turns it off)."""
+    full_bytes = st.split.tokens * hidden_size * BF16_BYTES
+    if plan.tp > 1 and plan.sequence_parallel:
+        return comm.send_recv_s(full_bytes / plan.tp, crosses_nodes, cluster, p)
+    if plan.tp > 1 and framework_profile(plan.framework, plan.framework_release).pipeline_scatter_gather:
+        return (comm.send_recv_s(full_bytes / plan.tp, crosses_nodes, cluster, p)
+                + comm.all_gather_s(full_bytes, st.spans.tp, cluster, p))
+    return comm.send_recv_s(full_bytes, crosses_nodes, cluster, p)
 
 
 def _summarize(graph: ModelGraph, cluster: Cluster, plan: ParallelPlan, st: StepSetup, step_s: float,

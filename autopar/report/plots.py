@@ -7,7 +7,7 @@ interleaved 1F1B) with each rank's per-microbatch fwd_s / bwd_s from the Estimat
 evenly over its vpp model chunks. A backward's leading recompute_s / vpp is its recompute. The
 exposed tp/cp/ep communication is drawn as the trailing share of each op, at the bottleneck rank's
 share of busy time (the Estimate keeps the split for that rank only). Stage-boundary p2p sends take
-pp_comm / (2·(pp − 1)) each, the estimate's own per-send time. Above MAX_MICROBATCHES the
+pp_comm / exposed_p2p_hops each, the estimate's own per-send time. Above MAX_MICROBATCHES the
 schedule is simulated with fewer microbatches (a multiple of pp) and the picture says so: the
 warm-up and cool-down are the same and the steady state repeats.
 """
@@ -22,7 +22,7 @@ from pathlib import Path
 from rich.console import Console, Group
 from rich.text import Text
 
-from autopar.cost.pipeline import BACKWARD, FORWARD, simulate_interleaved
+from autopar.cost.pipeline import BACKWARD, FORWARD, exposed_p2p_hops, simulate_interleaved
 from autopar.cost.step import Estimate
 from autopar.report.sweep import SweepPoint, scaling_efficiency, swept_axis, sweep_table
 from autopar.report.tables import gib, seconds
@@ -129,7 +129,8 @@ def pipeline_timeline(plan: ParallelPlan, estimate: Estimate, max_microbatches: 
     stages = sorted(estimate.stages, key=lambda s: s.rank)
     fwd = [stages[v % pp].fwd_s / vpp for v in range(pp * vpp)]
     bwd = [stages[v % pp].bwd_s / vpp for v in range(pp * vpp)]
-    p2p_s = estimate.time_breakdown_s["pp_comm"] / (2 * (pp - 1)) if pp > 1 else 0.0
+    hops = exposed_p2p_hops(pp, estimate.num_microbatches, vpp)
+    p2p_s = estimate.time_breakdown_s["pp_comm"] / hops if hops else 0.0
     times = simulate_interleaved(fwd, bwd, m, vpp, p2p_s)
     share = comm_share(estimate)
     bars = []

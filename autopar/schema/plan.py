@@ -55,6 +55,10 @@ class Recompute(BaseModel):
         unknown = [m for m in self.modules if m not in RECOMPUTE_MODULES]
         if unknown:
             raise ValueError(f"unknown recompute module(s) {unknown}; choose from {', '.join(RECOMPUTE_MODULES)}")
+        if self.num_layers is not None and self.mode != RecomputeMode.FULL:
+            # Megatron reads --recompute-num-layers only with --recompute-granularity full.
+            raise ValueError(f"{self.num_layers} recomputed layers (--recompute-layers) apply to full recompute "
+                             f"only, not {self.mode}: use --recompute full, or drop the layer count")
         return self
 
     @classmethod
@@ -122,8 +126,9 @@ class ParallelPlan(BaseModel):
     grad_reduce_in_bf16: Flag = Field(
         False, description="Keep and reduce the main gradients in bf16 instead of fp32 (Megatron "
         "--grad-reduce-in-bf16; NeMo optim.grad_sync_dtype bf16). Megatron only.")
-    framework_release: Literal["0.3", "megatron-deepspeed", "2024-12"] | None = Field(
-        None, description="An older framework release whose behaviour differs (deepspeed 0.3: DeepSpeed "
+    framework_release: Literal["0.3", "megatron-deepspeed", "2024-12", "pre-core"] | None = Field(
+        None, description="An older framework release whose behaviour differs (megatron pre-core: Megatron-LM "
+        "of 2021-22, pipeline sends split over tp and all-gathered on receipt; deepspeed 0.3: DeepSpeed "
         "0.3.13-0.5.5 of 2021, synchronous ZeRO-3 gathers; deepspeed megatron-deepspeed: DeepSpeed running "
         "Megatron-DeepSpeed's GPT, fused kernels and loss, instead of a Hugging Face model; torchtitan 2024-12: "
         "commit 9dec370 with torchao's tensorwise float8); None = current releases.")

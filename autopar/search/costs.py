@@ -57,6 +57,7 @@ from autopar.cost.step import (
     estimate,
     rank_chunks,
     rank_memory,
+    pipeline_send_s,
     setup,
     stage_activation_bytes,
     stage_params,
@@ -199,12 +200,12 @@ def layer_table(graph: ModelGraph, cluster: Cluster, plan: ParallelPlan, p: Cost
                              saved_bytes={m: spread([float(s) for s, _ in a]) for m, a in acts.items()},
                              work_bytes={m: spread([float(w) for _, w in a]) for m, a in acts.items()})
 
-    p2p_bytes = st.split.tokens * graph.spec.hidden_size * BF16_BYTES / (plan.tp if plan.sequence_parallel else 1)
     return LayerTable(
         is_decoder=spread(dec), fb_s=spread([float(c.fwd_s + c.bwd_s) for c in costs]),
         recompute_s={m: spread([float(c.recompute_s(m, modules, policy)) if d else 0.0 for c, d in zip(costs, dec)])
                      for m in MODES},
-        p2p_s=(comm.send_recv_s(p2p_bytes, False, cluster, p), comm.send_recv_s(p2p_bytes, True, cluster, p)),
+        p2p_s=(pipeline_send_s(graph.spec.hidden_size, st, plan, cluster, p, False),
+               pipeline_send_s(graph.spec.hidden_size, st, plan, cluster, p, True)),
         memory_columns=memory_columns)
 
 

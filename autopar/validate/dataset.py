@@ -124,7 +124,7 @@ _SOURCE_TO_FRAMEWORK = {
 # torchtitan-2412: the benchmark file's own versions table (torchtitan 9dec370, torchao eab345c).
 # vtrain-*: Megatron-DeepSpeed's GPT (module docstring), not a Hugging Face model.
 _SOURCE_TO_RELEASE = {"narayanan21-zero3": "0.3", "torchtitan-2412": "2024-12", "vtrain-single": "megatron-deepspeed",
-                      "vtrain-multi": "megatron-deepspeed"}
+                      "vtrain-multi": "megatron-deepspeed", "narayanan21": "pre-core", "korthikanti22": "pre-core"}
 # Runs whose recipe keeps and reduces gradients in bf16 (Megatron --grad-reduce-in-bf16). Nemotron-4
 # 340B: NeMo-Framework-Launcher launcher_scripts/conf/training/nemotron/nemotron_340b.yaml sets
 # optim.name mcore_distributed_optim with grad_sync_dtype bf16, which NeMo turns into

@@ -126,8 +126,10 @@ def candidate_plans(run: MeasuredRun, graph: ModelGraph) -> list[ParallelPlan]:
     if run.vpp:
         vpp_options = [run.vpp]
     else:
-        vpp_options = [v for v in (1, 2, 3, 4, 6, 8) if graph.spec.num_layers % (run.pp * v) == 0 and
-                       (v == 1 or run.pp > 1)]
+        # Every interleaving degree that splits the layers evenly (Megatron's --num-layers-per-virtual-
+        # pipeline-stage takes any divisor of the layers per pipeline rank), not a hand-picked few.
+        vpp_options = [1] + [v for v in range(2, graph.spec.num_layers // run.pp + 1)
+                             if run.pp > 1 and graph.spec.num_layers % (run.pp * v) == 0]
     overlap_options = [False, True] if run.tp > 1 and run.source.startswith(("nemo", "megatron")) else [False]
     zero = run.zero_stage if run.zero_stage is not None else (1 if run.framework == "megatron" else 0)
     ep_options = _ep_options(run, graph, dp)
