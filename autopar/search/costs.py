@@ -42,8 +42,8 @@ from itertools import compress
 from operator import add, itemgetter, sub
 
 from autopar.caching import cached_property
-from autopar.cost import comm, memory
-from autopar.cost.layer import BF16_BYTES, layer_cost
+from autopar.cost import memory
+from autopar.cost.layer import layer_cost
 from autopar.cost.frameworks import framework_profile
 from autopar.cost.layout import Layout
 from autopar.cost.params import CostParams, for_framework
@@ -55,9 +55,9 @@ from autopar.cost.step import (
     dp_sync_floor_per_microbatch_s,
     with_dp_floor_s,
     estimate,
+    pipeline_send_s,
     rank_chunks,
     rank_memory,
-    pipeline_send_s,
     setup,
     stage_activation_bytes,
     stage_params,
