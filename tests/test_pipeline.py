@@ -25,13 +25,13 @@ EPS = 1e-9
 
 # The estimate's closed form (the only one), called the two ways these tests use it.
 def step_time_1f1b_closed_s(fwd_s, bwd_s, m, p2p_s=0.0):
-    """pipeline_step_s at vpp 1: Σ(f + b) + (m − 1)·max(f + b) + 2(p − 1)·p2p."""
+    """pipeline_step_s at vpp 1: Σ(f + b) + (m − 1)·max(f + b) + exposed_p2p_hops(p, m, 1)·p2p."""
     base, p2p = pipeline_step_s(fwd_s, bwd_s, m, 1, p2p_s)
     return base + p2p
 
 
 def step_time_interleaved_closed_s(fwd_s, bwd_s, p, m, vpp, p2p_s=0.0):
-    """pipeline_step_s on p equal ranks (per-rank full-microbatch f, b): (m + (p − 1)/vpp)(f + b) + 2(p − 1)·p2p."""
+    """pipeline_step_s on p equal ranks (per-rank full-microbatch f, b): (m + (p − 1)/vpp)(f + b) + 2(p·vpp − 1)·p2p."""
     base, p2p = pipeline_step_s([fwd_s] * p, [bwd_s] * p, m, vpp, p2p_s)
     return base + p2p
 
