@@ -143,7 +143,7 @@ def plan_file_for(model: str, cluster: str, gpus: int, plan: ParallelPlan, est: 
 
     target = PlanTarget(model=model, model_spec=load_model(model).spec, cluster=cluster, gpus=gpus,
                         cost_model=cost_model)
-    return PlanFile(autopar_version=__version__, target=target, parallel=plan, estimate=estimate_to_dict(est))
+    return PlanFile(autopar_version=__version__, target=target, parallel=plan, estimate=estimate_to_dict(est, plan))
 
 
 def score_plan_file(path: str, cost_model: str | None = None, memory_margin: float = DEFAULT_MEMORY_MARGIN

@@ -294,7 +294,7 @@ def estimate(
 
     plan, est = _run(run)
     if as_json:
-        _emit_json({"parallel": records.plan_to_dict(plan, gpus), **records.estimate_to_dict(est)})
+        _emit_json({"parallel": records.plan_to_dict(plan, gpus), **records.estimate_to_dict(est, plan)})
     else:
         tables.print_estimate(out, plan, est)
 

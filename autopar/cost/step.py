@@ -24,7 +24,6 @@ from autopar.cost.pipeline import pipeline_step_s
 from autopar.hardware import Cluster
 from autopar.model.graph import Layer, ModelGraph
 from autopar.schema.plan import Framework, ParallelPlan, Precision, RecomputeMode
-from autopar.validate.bands import plan_band
 
 # Adam step traffic per locally owned parameter: read fp32 master, grad, two moments (16 B),
 # write master and moments (12 B) and the bf16 weight (2 B); clipping reads the grad again (4 B).
@@ -73,9 +72,8 @@ class Estimate:
     stages: tuple[StageEstimate, ...]
     num_microbatches: int
     dp: int
+    moe: bool  # the model routes tokens to experts (its error band's regime depends on it)
     notes: tuple[str, ...] = field(default=())
-    tokens_per_s_per_gpu_low: float = 0.0  # 10th-90th percentile band of leave-one-source-out errors
-    tokens_per_s_per_gpu_high: float = 0.0
 
     @property
     def bubble_fraction(self) -> float:
@@ -675,8 +673,6 @@ def _summarize(graph: ModelGraph, cluster: Cluster, plan: ParallelPlan, st: Step
     peak_row = max(stage_rows, key=lambda row: row.memory_bytes)
     capacity = cluster.hbm_bytes
     usable = usable_memory_bytes(capacity, memory_margin)
-    band = plan_band(graph.spec.moe is not None, plan.seq_len, plan.zero, plan.precision)
-    low, high = band.apply(tokens / step_s / n)
     return Estimate(
         step_time_s=step_s, tokens_per_s=tokens / step_s, tokens_per_s_per_gpu=tokens / step_s / n,
         model_tflops_per_gpu=model_flops / step_s / n / 1e12,
@@ -685,8 +681,8 @@ def _summarize(graph: ModelGraph, cluster: Cluster, plan: ParallelPlan, st: Step
         peak_memory_bytes=peak_row.memory_bytes, memory_capacity_bytes=capacity,
         usable_memory_bytes=usable, memory_margin=memory_margin, fits=peak_row.memory_bytes <= usable,
         time_breakdown_s=breakdown_s, memory_breakdown_bytes=dict(peak_row.memory_breakdown_bytes),
-        stages=tuple(stage_rows), num_microbatches=st.m, dp=st.dp,
-        notes=(MFU_NOTE,), tokens_per_s_per_gpu_low=low, tokens_per_s_per_gpu_high=high,
+        stages=tuple(stage_rows), num_microbatches=st.m, dp=st.dp, moe=graph.spec.moe is not None,
+        notes=(MFU_NOTE,),
     )
 
 

@@ -141,7 +141,7 @@ class Explanation:
         return {
             "model": self.model, "cluster": self.cluster, "gpus": self.gpus, "memory_margin": self.memory_margin,
             "bottleneck_rank": self.bottleneck_rank,
-            "plan": plan_to_dict(self.plan, self.gpus), "estimate": estimate_to_dict(self.estimate),
+            "plan": plan_to_dict(self.plan, self.gpus), "estimate": estimate_to_dict(self.estimate, self.plan),
             "stage_time_s": [{"rank": s.rank, "layers": list(s.layers), **s.terms_s, "total": s.total_s}
                              for s in self.stage_times],
             "stage_memory_bytes": [{"rank": s.rank, **s.breakdown_bytes, "total": s.total_bytes,

@@ -77,7 +77,7 @@ class SweepPoint:
             "model": self.model, "cluster": self.cluster, "gpus": self.gpus, "global_batch": self.global_batch,
             "seq_len": self.seq_len, "fits": self.fits, "reason": self.reason,
             "plan": plan_to_dict(self.plan, self.gpus) if self.plan else None,
-            "estimate": estimate_to_dict(self.estimate) if self.estimate else None,
+            "estimate": estimate_to_dict(self.estimate, self.plan) if self.estimate else None,
             "tokens_per_s": self.tokens_per_s, "tokens_per_s_per_gpu": self.tokens_per_s_per_gpu, "mfu": self.mfu,
             "candidates": self.candidates, "feasible": self.feasible, "search_s": self.search_s,
         }

@@ -85,10 +85,13 @@ def print_estimate(console: Console, plan, est) -> None:
                   + (" (eager, no torch.compile)" if plan.torch_compile is False else "")
                   + (" (experts one by one, no grouped GEMM)" if not plan.moe_grouped_gemm else "")
                   + _fp8_casts_note(plan))
+    from autopar.validate.bands import estimate_band
+
     fits = "[green]fits[/]" if est.fits else "[bold red]does NOT fit[/]"
+    low, high = estimate_band(plan, est)
     console.print(f"step {seconds(est.step_time_s)}   {est.tokens_per_s:,.0f} tokens/s   "
                   f"{est.tokens_per_s_per_gpu:,.1f} tokens/s/GPU (P10-P90 of errors on unseen sources: "
-                  f"{est.tokens_per_s_per_gpu_low:,.0f}-{est.tokens_per_s_per_gpu_high:,.0f})   MFU {est.mfu:.1%}")
+                  f"{low:,.0f}-{high:,.0f})   MFU {est.mfu:.1%}")
     console.print(f"model {est.model_tflops_per_gpu:.1f} TFLOP/s/GPU, hardware (with recompute) "
                   f"{est.hardware_tflops_per_gpu:.1f} TFLOP/s/GPU   peak memory {gib(est.peak_memory_bytes)} of "
                   f"{usable_label(est)}: {fits}")
@@ -180,7 +183,7 @@ def print_loso(console: Console, result: dict[str, Any]) -> None:
 
 def _plan_row(plan, est) -> list[str]:
     return [plan.layout(), str(est.dp), str(plan.mbs), str(plan.zero), plan.recompute.label(plan.framework),
-            seconds(est.step_time_s), _with_band(est), f"{est.mfu:.1%}",
+            seconds(est.step_time_s), _with_band(plan, est), f"{est.mfu:.1%}",
             f"{est.peak_memory_bytes / GiB:.1f}/{est.memory_capacity_bytes / GiB:.0f} GiB",
             f"{est.bubble_fraction:.1%}", f"{est.exposed_comm_fraction:.1%}"]
 
@@ -189,12 +192,15 @@ _PLAN_COLUMNS = ("layout", "dp", "mbs", "zero", "recompute", "step", "tok/s/GPU 
                  "bubble", "exposed comm")
 
 
-def _with_band(est) -> str:
+def _with_band(plan, est) -> str:
     """tokens/s/GPU with the leave-one-source-out error band of the plan's regime (P10/P90, relative)."""
+    from autopar.validate.bands import estimate_band
+
     tps = est.tokens_per_s_per_gpu
-    if not est.tokens_per_s_per_gpu_high or not tps:
+    low, high = estimate_band(plan, est)
+    if not high or not tps:
         return f"{tps:,.0f}"
-    return f"{tps:,.0f} {est.tokens_per_s_per_gpu_low / tps - 1:+.0%}/{est.tokens_per_s_per_gpu_high / tps - 1:+.0%}"
+    return f"{tps:,.0f} {low / tps - 1:+.0%}/{high / tps - 1:+.0%}"
 
 
 def print_plans(console: Console, result) -> None:

@@ -6,6 +6,9 @@ autopar.validate.loso) of each regime, computed once by `python -m autopar.valid
 shipped as data (cost_models/bands/error_bands.json, with the command and date that produced them); an
 estimate never refits. A residual r means measured = predicted / (1 + r), so the band of a
 prediction T is [T / (1 + r90), T / (1 + r10)].
+
+The cost model knows nothing of its bands: the records and tables an estimate is shown in attach
+its band (estimate_band), from the plan and model it was made for.
 """
 
 from __future__ import annotations
@@ -13,9 +16,14 @@ from __future__ import annotations
 import json
 from dataclasses import dataclass
 from functools import lru_cache
+from typing import TYPE_CHECKING
 
 from autopar.data import data_dir
 from autopar.validate.regimes import primary_regime
+
+if TYPE_CHECKING:  # no import at run time: the tables that show a band load no cost model for it
+    from autopar.cost.step import Estimate
+    from autopar.schema.plan import ParallelPlan
 
 BANDS_FILE = "error_bands.json"
 
@@ -60,5 +68,11 @@ def error_band(regime: str) -> ErrorBand:
 def plan_band(moe: bool, seq_len: int, zero: int, precision: str) -> ErrorBand:
     """The band of a plan's primary regime (autopar.validate.regimes.primary_regime)."""
     return error_band(primary_regime(moe, seq_len, zero, precision))
+
+
+def estimate_band(plan: ParallelPlan, est: Estimate) -> tuple[float, float]:
+    """(low, high) tokens/s/GPU of the estimate of `plan`: the band of the plan's regime applied to
+    its tokens/s/GPU."""
+    return plan_band(est.moe, plan.seq_len, plan.zero, plan.precision).apply(est.tokens_per_s_per_gpu)
 
 
