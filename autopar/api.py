@@ -9,14 +9,12 @@ from __future__ import annotations
 
 from typing import Any
 
-from pydantic import ValidationError
-
 from autopar.cost.layout import check_layout
 from autopar.cost.memory import model_state_bytes
 from autopar.cost.step import DEFAULT_MEMORY_MARGIN, Estimate, estimate
-from autopar.errors import InvalidPlanError
 from autopar.hardware import Cluster, cluster_rows, list_clusters, load_profile  # noqa: F401 (re-exported)
-from autopar.inputs import load_cluster, load_model, load_target_model, resolve_cost_model  # noqa: F401 (re-exported)
+from autopar.inputs import (  # noqa: F401 (re-exported)
+    load_cluster, load_model, load_target_model, make_plan, plan_from_fields, resolve_cost_model)
 from autopar.model import PRESET_NAMES, ModelGraph
 from autopar.report.records import estimate_to_dict, plan_entry, plan_to_dict  # noqa: F401 (re-exported)
 from autopar.schema import one_line
@@ -73,14 +71,6 @@ def inspect(model: str, seq_len: int | None = None, dp: int = 1, framework: Fram
     }
 
 
-def make_plan(**fields: Any) -> ParallelPlan:
-    """A ParallelPlan from keyword fields, with one-line errors."""
-    try:
-        return ParallelPlan(**{k: v for k, v in fields.items() if v is not None})
-    except ValidationError as exc:
-        raise InvalidPlanError(one_line(exc, "invalid plan"))
-
-
 def validate_plan_for(graph: ModelGraph, cluster: Cluster, plan: ParallelPlan) -> None:
     """Raise InvalidPlanError naming every broken invariant (autopar.cost.layout.check_layout)."""
     check_layout(plan, cluster, graph)
@@ -102,23 +92,6 @@ def plan_from_assignments(text: str, gpus: int, global_batch: int, seq_len: int,
     """A plan from a --plan string such as 'tp=8,pp=8,mbs=1,recompute=full' (dp is derived)."""
     return plan_from_fields(parse_assignments(text, "--plan"), gpus, global_batch, seq_len, f"--plan {text!r}: ",
                             **defaults)
-
-
-def plan_from_fields(fields: dict[str, Any], gpus: int, global_batch: int, seq_len: int, where: str = "",
-                     **defaults: Any) -> ParallelPlan:
-    """A plan from plan fields (recompute may be just its mode; dp, if given, must be what the GPUs
-    leave), `defaults` filling what they leave out; `where` prefixes the dp message."""
-    a = dict(fields)
-    dp = a.pop("dp", None)
-    rec = a.pop("recompute", None)
-    merged = {**defaults, **a, "global_batch": global_batch, "seq_len": seq_len}
-    if rec is not None:
-        merged["recompute"] = {"mode": rec} if isinstance(rec, str) else rec
-    plan = make_plan(**merged)
-    if dp is not None and plan.model_parallel_size() * dp != gpus:
-        raise InvalidPlanError(f"{where}dp {dp} · tp·pp·cp {plan.model_parallel_size()} != {gpus} GPUs; "
-                               "drop dp (it is derived) or fix the degrees")
-    return plan
 
 
 def search_plans(model: str, cluster: str, gpus: int, seq_len: int | None, global_batch: int, *, top: int = 5,

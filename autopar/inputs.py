@@ -1,4 +1,5 @@
-"""Loading a run's inputs by name: the model graph, the sized cluster and the cost model.
+"""A run's inputs: the model graph, the sized cluster and the cost model loaded by name, and the
+plan built from its fields.
 
 `autopar.search` and `autopar.report` receive their inputs from here (or as loaded objects); the
 library surface `autopar.api` re-exports these functions. Nothing here imports search, report or api,
@@ -8,13 +9,20 @@ so the import graph stays one-way: inputs → search / report → api → cli.
 from __future__ import annotations
 
 from pathlib import Path
+from typing import Any
+
+from pydantic import ValidationError
 
 from autopar.cost.params import CostParams, cost_model_for_gpu, load_cost_model
+from autopar.errors import InvalidPlanError
 from autopar.hardware import Cluster, load_cluster
 from autopar.model import PRESET_NAMES, ModelGraph, build_graph, load_model
+from autopar.schema import one_line
 from autopar.schema.model import ModelSpec
+from autopar.schema.plan import ParallelPlan
 
-__all__ = ["load_cluster", "load_inputs", "load_model", "load_target_model", "resolve_cost_model"]
+__all__ = ["load_cluster", "load_inputs", "load_model", "load_target_model", "make_plan", "plan_from_fields",
+           "resolve_cost_model"]
 
 
 def resolve_cost_model(cluster: Cluster, cost_model: str | None) -> CostParams:
@@ -39,3 +47,28 @@ def load_target_model(model: str, spec: ModelSpec) -> ModelGraph:
     except (OSError, ValueError):  # a name no file system holds (too long, a NUL): use the stored spec
         available = False
     return load_model(model) if available else build_graph(spec)
+
+
+def make_plan(**fields: Any) -> ParallelPlan:
+    """A ParallelPlan from keyword fields, with one-line errors."""
+    try:
+        return ParallelPlan(**{k: v for k, v in fields.items() if v is not None})
+    except ValidationError as exc:
+        raise InvalidPlanError(one_line(exc, "invalid plan"))
+
+
+def plan_from_fields(fields: dict[str, Any], gpus: int, global_batch: int, seq_len: int, where: str = "",
+                     **defaults: Any) -> ParallelPlan:
+    """A plan from plan fields (recompute may be just its mode; dp, if given, must be what the GPUs
+    leave), `defaults` filling what they leave out; `where` prefixes the dp message."""
+    a = dict(fields)
+    dp = a.pop("dp", None)
+    rec = a.pop("recompute", None)
+    merged = {**defaults, **a, "global_batch": global_batch, "seq_len": seq_len}
+    if rec is not None:
+        merged["recompute"] = {"mode": rec} if isinstance(rec, str) else rec
+    plan = make_plan(**merged)
+    if dp is not None and plan.model_parallel_size() * dp != gpus:
+        raise InvalidPlanError(f"{where}dp {dp} · tp·pp·cp {plan.model_parallel_size()} != {gpus} GPUs; "
+                               "drop dp (it is derived) or fix the degrees")
+    return plan

@@ -54,8 +54,8 @@ def load_user_runs(path: str) -> list[MeasuredRun]:
 
 def user_plan(u: Any) -> Any:
     """The ParallelPlan a user run states, estimate's defaults filling what it leaves out."""
-    from autopar.api import plan_from_fields
     from autopar.choices import default_zero
+    from autopar.inputs import plan_from_fields
     from autopar.schema.plan import Framework
 
     fields = dict(u.parallel)
@@ -72,13 +72,13 @@ def user_plan(u: Any) -> Any:
 
 
 def _measured_run(u: Any, run_id: str, path: str) -> MeasuredRun:
-    from autopar.api import validate_plan_for
+    from autopar.cost.layout import check_layout
     from autopar.hardware import load_cluster
     from autopar.model import load_model
 
     plan = user_plan(u)
     graph = load_model(u.model)
-    validate_plan_for(graph, load_cluster(u.cluster, u.gpus), plan)
+    check_layout(plan, load_cluster(u.cluster, u.gpus), graph)
     if u.step_time_s is not None:
         tokens_per_s_per_gpu = u.global_batch * u.seq_len / u.step_time_s / u.gpus
         step_s, conversion = u.step_time_s, "B·s / step time / GPUs"
