@@ -327,7 +327,7 @@ def validate(
             tables.print_validate(out, result, rows=not summary_only)
         return
     if leave_one_source_out:
-        from autopar.validate.loso import leave_one_source_out as loso
+        from autopar.calibration.loso import leave_one_source_out as loso
 
         result = _run(lambda: loso(iters=iters, sources=set(source) if source else None))
         if as_json:
@@ -359,7 +359,7 @@ def calibrate(
     as_json: JsonOpt = False,
 ) -> None:
     """Fit a cost model's efficiencies to measured runs and write it with its provenance."""
-    from autopar import calibrate as cal
+    from autopar.calibration import fit as cal
     from autopar.cost.params import load_cost_model
 
     command = "autopar calibrate " + " ".join(sys.argv[2:])

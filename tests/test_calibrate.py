@@ -5,7 +5,7 @@ from dataclasses import replace
 import numpy as np
 import pytest
 
-from autopar.calibrate import fit, nelder_mead, with_values
+from autopar.calibration.fit import fit, nelder_mead, with_values
 from autopar.cost.params import load_cost_model, params_from_file
 from autopar.validate.dataset import load_runs
 from autopar.validate.runner import predict
@@ -32,7 +32,7 @@ def test_fit_recovers_planted_gemm_efficiency():
 
 
 def test_framework_parameters_fit_only_where_that_framework_ran():
-    from autopar.calibrate import fittable, without_frameworks
+    from autopar.calibration.fit import fittable, without_frameworks
 
     runs = load_runs({"narayanan21"})  # Megatron only
     assert fittable(["gemm_max", "deepspeed.gemm_max", "torchtitan.gemm_max"], runs) == ["gemm_max"]

@@ -121,7 +121,7 @@ def test_more_recompute_is_slower_and_smaller():
 # The shipped models are fitted on every split: the honest test withholds a whole source, refits
 # without it and scores it (few iterations here; README: the full leave-one-source-out figures).
 def test_withheld_source_accuracy():
-    from autopar.validate.loso import leave_one_source_out
+    from autopar.calibration.loso import leave_one_source_out
 
     result = leave_one_source_out(iters=3, sources={"korthikanti22"})
     assert result["sources"][0]["runs"] == 10

@@ -355,7 +355,7 @@ def test_leave_one_source_out_json_has_exactly_the_contract_keys():
 
 
 def test_weighted_percentile_counts_each_source_once():
-    from autopar.validate.loso import _weighted_percentile
+    from autopar.calibration.loso import _weighted_percentile
 
     # source A: 4 runs at 1 %, source B: 1 run at 50 %: each source half the weight.
     values, weights = [1, 1, 1, 1, 50], [0.25] * 4 + [1.0]
@@ -468,7 +468,7 @@ def test_h100_hbm_efficiency_is_the_copy_benchmark_not_a_fitted_knob():
     import json
     from pathlib import Path
 
-    from autopar.calibrate import FREE_FOR_GPU, LOSO_FREE_FOR_GPU
+    from autopar.calibration.fit import FREE_FOR_GPU, LOSO_FREE_FOR_GPU
     assert "hbm_efficiency" not in FREE_FOR_GPU["h100"] + LOSO_FREE_FOR_GPU["h100"]
     root = Path(__file__).resolve().parents[1] / "cost_models"
     measured = json.loads((root / "measured" / "h200_kernels.json").read_text())["hbm_copy_bytes_per_s"]
@@ -484,7 +484,7 @@ def test_h100_kernel_overhead_is_a_kernel_measurement_not_a_fitted_knob():
     import json
     from pathlib import Path
 
-    from autopar.calibrate import FREE_FOR_GPU, LOSO_FREE_FOR_GPU
+    from autopar.calibration.fit import FREE_FOR_GPU, LOSO_FREE_FOR_GPU
     assert "kernel_overhead_us" not in FREE_FOR_GPU["h100"] + LOSO_FREE_FOR_GPU["h100"]
     root = Path(__file__).resolve().parents[1] / "cost_models"
     for name in ("h100", "h800", "h200", "b200"):

@@ -9,7 +9,7 @@ from pathlib import Path
 
 import pytest
 
-from autopar.calibrate import fit_gemm_shape, relative_gemm_efficiency
+from autopar.calibration.fit import fit_gemm_shape, relative_gemm_efficiency
 from autopar.cost.compute import gemm_efficiency, gemm_time_s
 from autopar.cost.layer import gemm_pass_times_s
 from autopar.cost.params import load_cost_model

@@ -5,7 +5,7 @@ import json
 
 import pytest
 
-from autopar.calibrate import PLAUSIBLE_RANGE, _bounds, _from_free, _to_free
+from autopar.calibration.fit import PLAUSIBLE_RANGE, _bounds, _from_free, _to_free
 from autopar.cost.params import load_cost_model
 from autopar.data import data_dir
 

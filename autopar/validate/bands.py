@@ -2,7 +2,7 @@
 sources it was never fitted on.
 
 The bands are the 10th-90th percentile of the leave-one-source-out residuals (predicted/measured − 1,
-autopar.validate.loso) of each regime, computed once by `python -m autopar.validate.loso` and
+autopar.calibration.loso) of each regime, computed once by `python -m autopar.calibration.loso` and
 shipped as data (cost_models/bands/error_bands.json, with the command and date that produced them); an
 estimate never refits. A residual r means measured = predicted / (1 + r), so the band of a
 prediction T is [T / (1 + r90), T / (1 + r10)].

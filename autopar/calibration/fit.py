@@ -283,7 +283,7 @@ def calibrate_builtin(gpu: str, base: CostModelFile, command: str, rounds: int =
     if gpu not in FREE_FOR_GPU:
         from autopar.errors import SchemaError
         raise SchemaError(f"--gpu {gpu!r} has no shipped measured runs; use one of {', '.join(FREE_FOR_GPU)}")
-    # Every split: the honest error is the leave-one-source-out one (autopar.validate.loso), which
+    # Every split: the honest error is the leave-one-source-out one (autopar.calibration.loso), which
     # refits without each source; the shipped model uses all the data.
     fit_runs = builtin_fit_runs(gpu, split=None)
     free = fittable(FREE_FOR_GPU[gpu], fit_runs)
@@ -333,7 +333,7 @@ def constant_sources(f: CostModelFile, free: Sequence[str], fit_runs: Sequence[M
 
 
 GEMM_SHAPE_SOURCE = (
-    "kernel benchmark: fitted (autopar.calibrate.fit_gemm_shape) to the relative efficiency of 65 bf16 and 65 fp8 "
+    "kernel benchmark: fitted (autopar.calibration.fit.fit_gemm_shape) to the relative efficiency of 65 bf16 and 65 fp8 "
     "GEMM shapes measured on an H200 (cost_models/measured/h200_kernels.json: torch a@b and torch._scaled_mm e4m3, "
     "median of 10 CUDA-event timings; the same GH100 compute as H100 and H800), each shape's efficiency over the "
     "median of the shapes with every dim >= 4096; not fitted to runs")

@@ -4,7 +4,7 @@ source with that refit. A held-out split inside the same sources shares every sy
 the fit; a withheld source does not, so this is the honest estimate of the error on a new source.
 
 Refit: the shipped cost models (a100, h100) are the starting point; the efficiencies named in
-autopar.calibrate.LOSO_FREE_FOR_GPU (peak fractions, network efficiency, fp8 gain, and each
+autopar.calibration.fit.LOSO_FREE_FOR_GPU (peak fractions, network efficiency, fp8 gain, and each
 framework's own) are refitted by Nelder-Mead on all splits of the remaining runs of that GPU
 family (vTrain's single-node set thinned to every `single_stride`-th run). A framework whose only
 runs are withheld loses its own efficiencies (they fall back to Megatron's), since its shipped
@@ -27,11 +27,11 @@ from datetime import date
 from statistics import median
 from typing import Any
 
-from autopar.calibrate import LOSO_FREE_FOR_GPU, builtin_fit_runs, fit, fittable, without_frameworks
+from autopar.calibration.fit import LOSO_FREE_FOR_GPU, builtin_fit_runs, fit, fittable, without_frameworks
 from autopar.cost.params import load_cost_model, params_from_file
-from autopar.validate.dataset import MeasuredRun, load_runs
 from autopar.data import data_dir
 from autopar.validate.bands import BANDS_FILE
+from autopar.validate.dataset import MeasuredRun, load_runs
 from autopar.validate.regimes import REGIMES
 from autopar.validate.report import run_regimes
 from autopar.validate.runner import Prediction, predict
@@ -141,7 +141,7 @@ def compute_bands(iters: int = 40) -> tuple[dict, dict]:
     by_regime = residuals_by_regime(preds)
     bands = {regime: {"p10": _percentile(r, 0.1), "p90": _percentile(r, 0.9), "runs": len(r)}
              for regime, r in sorted(by_regime.items()) if regime in REGIMES}
-    content = {"provenance": {"command": f"python -m autopar.validate.loso --iters {iters}",
+    content = {"provenance": {"command": f"python -m autopar.calibration.loso --iters {iters}",
                               "date": date.today().isoformat(),
                               "method": "10th and 90th percentile of the signed leave-one-source-out residuals "
                                         "(predicted/measured - 1) of the runs whose primary regime it is"},
