@@ -7,7 +7,7 @@ messages.
 
 from __future__ import annotations
 
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from autopar.cost.layout import check_layout
 from autopar.cost.memory import model_state_bytes
@@ -15,22 +15,16 @@ from autopar.cost.step import DEFAULT_MEMORY_MARGIN, Estimate, estimate
 from autopar.hardware import Cluster, cluster_rows, list_clusters, load_profile  # noqa: F401 (re-exported)
 from autopar.inputs import (  # noqa: F401 (re-exported)
     load_cluster, load_model, load_target_model, make_plan, plan_from_fields, resolve_cost_model)
+from autopar.listings import clusters, models  # noqa: F401 (re-exported)
 from autopar.model import PRESET_NAMES, ModelGraph
 from autopar.report.records import estimate_to_dict, plan_entry, plan_to_dict  # noqa: F401 (re-exported)
-from autopar.schema import one_line
+from autopar.schema import one_line  # noqa: F401 (re-exported: the CLI's one line for a rejected value)
 from autopar.schema.plan import Framework, ParallelPlan, Precision, default_zero, parse_assignments
 
-
-def models() -> list[dict[str, Any]]:
-    """Every preset with its size (from the preset catalogue, autopar.catalog)."""
-    from autopar.catalog import model_rows
-
-    return model_rows()
-
-
-def clusters() -> list[dict[str, Any]]:
-    """Every shipped cluster profile with its headline numbers (autopar.hardware.cluster_rows)."""
-    return cluster_rows()
+if TYPE_CHECKING:
+    from autopar.report.explain import Explanation
+    from autopar.report.sweep import SweepPoint
+    from autopar.schema.cost_model import CostModelFile
 
 
 def inspect(model: str, seq_len: int | None = None, dp: int = 1, framework: Framework = Framework.MEGATRON
@@ -255,3 +249,156 @@ def check_same_model(script_fields: dict[str, Any], spec, model: str) -> None:
         said = ", ".join(f"{label} {a} (the model has {b})" for label, a, b in differ)
         raise SchemaError(f"the Megatron script is for another model than {clip(model)}: {said}; pass the model the "
                           "script trains, or the script for this model")
+
+
+# --- validate, calibrate, profile, explain, sweep
+
+
+def validate(split: str = "holdout", sources: set[str] | None = None, cost_model: str | None = None
+             ) -> dict[str, Any]:
+    """The shipped measured runs of `split` (holdout, fit or all; of `sources` only, when given),
+    each predicted, with the error by hardware, source, regime and framework (autopar.validate.report)."""
+    from autopar.validate.report import validate as run
+
+    return run(split, sources, cost_model)
+
+
+def validate_runs(path: str, cost_model: str | None = None) -> dict[str, Any]:
+    """A runs YAML of one's own measured runs (autopar/schema/runs.py), each predicted with the plan
+    it states; the same rows and summaries as validate, plus runs_file."""
+    from autopar.validate.report import validate_runs as run
+
+    return run(path, cost_model)
+
+
+def leave_one_source_out(iters: int = 40, sources: set[str] | None = None) -> dict[str, Any]:
+    """Every source of measured runs (or those in `sources`) scored by a refit that never saw it: the
+    error to expect on a new source (autopar.calibration.loso). `iters`: Nelder-Mead iterations per refit."""
+    from autopar.calibration.loso import leave_one_source_out as run
+
+    return run(iters=iters, sources=sources)
+
+
+def calibrate_builtin(gpu: str, base: str, command: str, rounds: int = 2, iters: int = 200) -> CostModelFile:
+    """The cost model `base` (a name or file) fitted on the shipped runs of GPU family `gpu` (a100,
+    h100), with `command` as its provenance (autopar.calibration.fit.calibrate_builtin)."""
+    from autopar.calibration.fit import calibrate_builtin as run
+
+    return run(gpu, _cost_model_file(base), command, rounds, iters)
+
+
+def calibrate_runs(path: str, base: str, command: str, iters: int = 150
+                   ) -> tuple[CostModelFile, list[tuple[str, float]]]:
+    """`base` fitted on a runs YAML of one's own measured runs, and the leave-one-out error of each
+    run as (run_id, error) pairs (autopar.calibration.fit.calibrate_user)."""
+    from autopar.calibration.fit import calibrate_user
+
+    return calibrate_user(path, _cost_model_file(base), command, iters=iters)
+
+
+def derive_cost_model(base: str, name: str, gpus: list[str], command: str, reason: str = "") -> CostModelFile:
+    """A cost model for GPUs without measured runs: `base`'s efficiencies under `name`, for `gpus`
+    (GPU names as in hardware profiles), with `reason` recorded (autopar.calibration.fit.derive)."""
+    from autopar.calibration.fit import derive
+
+    return derive(_cost_model_file(base), name, gpus, command, reason)
+
+
+def _cost_model_file(name: str) -> CostModelFile:
+    from autopar.cost.params import load_cost_model
+
+    return load_cost_model(name)[0]
+
+
+def profile(device: str = "cpu", model: str = "llama3-8b", quick: bool = False, base: str | None = None,
+            command: str = "autopar profile", progress=None) -> CostModelFile:
+    """GEMM, attention, memory bandwidth and collectives measured on this machine, as a cost-model file
+    (returned, not written; autopar.profile). `base`: the cost model whose unmeasured parameters to keep."""
+    from autopar.profile import profile as run
+
+    return run(device, model, quick, base, command, progress)
+
+
+def explain_plan(model: str, cluster: str, gpus: int, plan: ParallelPlan, cost_model: str | None = None,
+                 memory_margin: float = DEFAULT_MEMORY_MARGIN) -> Explanation:
+    """Why `plan` wins: per-stage time and memory, and the verdict on every neighbouring plan
+    (autopar.report.explain)."""
+    from autopar.report.explain import explain as run
+
+    return run(model, cluster, gpus, plan, cost_model, memory_margin)
+
+
+def explain(plan_file: str | None = None, plan_string: str | None = None, *, model: str | None = None,
+            cluster: str | None = None, gpus: int | None = None, global_batch: int | None = None,
+            seq_len: int | None = None, framework: Framework = Framework.MEGATRON, cost_model: str | None = None,
+            memory_margin: float = DEFAULT_MEMORY_MARGIN) -> Explanation:
+    """explain_plan of a plan JSON (its target's model, cluster and GPUs), or of a plan string such as
+    'tp=8,pp=4,mbs=1' with model, cluster, gpus and global_batch."""
+    from autopar.errors import SchemaError
+
+    if plan_file:
+        pf, plan, _ = score_plan_file(plan_file, cost_model, memory_margin)
+        model, cluster, gpus = pf.target.model, pf.target.cluster, pf.target.gpus
+    elif plan_string:
+        missing = [n for n, v in (("--model", model), ("--cluster", cluster), ("--gpus", gpus),
+                                  ("--global-batch", global_batch)) if v is None]
+        if missing:
+            raise SchemaError(f"--plan needs {', '.join(missing)}")
+        seq = seq_len or load_model(model).spec.seq_length
+        plan = plan_from_assignments(plan_string, gpus, global_batch, seq, framework=framework,
+                                     zero=default_zero(framework))
+    else:
+        raise SchemaError("explain needs a plan JSON or --plan 'tp=...,pp=...' with --model --cluster --gpus --global-batch")
+    return explain_plan(model, cluster, gpus, plan, cost_model, memory_margin)
+
+
+def sweep(model: str, cluster: str, gpus: str, global_batch: str, seq_len: str | None = None, *,
+          framework: Framework = Framework.MEGATRON, precision: Precision = Precision.BF16, fix: str | None = None,
+          max_tp: int | None = None, memory_margin: float = DEFAULT_MEMORY_MARGIN, cost_model: str | None = None,
+          progress=None) -> list[SweepPoint]:
+    """The best plan at each point of a sweep (autopar.report.sweep). gpus, global_batch and seq_len
+    are comma-separated values or one value ('64,128,256'); the lists given are zipped point by point.
+    Raises NoFeasiblePlanError when no point has a plan that fits."""
+    from autopar.errors import NoFeasiblePlanError
+    from autopar.report.sweep import parse_values, sweep as run
+
+    g, b = parse_values(gpus, "--gpus"), parse_values(global_batch, "--global-batch")
+    s = parse_values(seq_len, "--seq-len") if seq_len else None
+    points = run(model, cluster, gpus_list=g if len(g) > 1 else None, global_batch_list=b if len(b) > 1 else None,
+                 seq_len_list=s if s and len(s) > 1 else None, gpus=g[0], global_batch=b[0],
+                 seq_len=s[0] if s else None, framework=framework, precision=precision, fix=fix,
+                 memory_margin=memory_margin, cost_model=cost_model, max_tp=max_tp, progress=progress)
+    if not any(p.plan is not None for p in points):
+        raise NoFeasiblePlanError("no point of the sweep has a plan that fits: " + "; ".join(
+            f"{p.gpus} GPUs: {p.reason}" for p in points[:3]))
+    return points
+
+
+def plan_file_text(model: str, cluster: str, gpus: int, plan: ParallelPlan, est: Estimate,
+                   cost_model: str | None = None) -> str:
+    """The plan JSON `autopar plan --out` writes (plan_file_for; equal plans give equal bytes)."""
+    from autopar.schema.plan_file import plan_file_text as text
+
+    return text(plan_file_for(model, cluster, gpus, plan, est, cost_model))
+
+
+def check_outputs(paths: list[str], force: bool = False) -> None:
+    """Refuse, before any work, outputs that exist (unless `force`) or cannot be files (autopar.io)."""
+    from autopar.io import check_output
+
+    for path in paths:
+        check_output(path, force)
+
+
+def write_output(path: str, text: str, force: bool = False) -> str:
+    """Write one file atomically; an existing file is refused unless `force` (autopar.io)."""
+    from autopar.io import write_output as write
+
+    return write(path, text, force=force)
+
+
+def write_outputs(path_to_text: dict[str, str], force: bool = False) -> list[str]:
+    """Write every file or none, atomically; existing files are refused unless `force` (autopar.io)."""
+    from autopar.io import write_outputs as write
+
+    return write(path_to_text, force=force)

@@ -42,6 +42,7 @@ def _console(**kwargs: Any) -> Callable[[], Any]:
 
 
 api: Any = _Lazy("autopar.api")
+listings: Any = _Lazy("autopar.listings")  # api's models() and clusters(), without the cost model
 records: Any = _Lazy("autopar.report.records")
 tables: Any = _Lazy("autopar.report.tables")
 
@@ -163,16 +164,12 @@ def _run(fn: Callable[[], Any]) -> Any:
         pydantic = sys.modules.get("pydantic")  # not imported: fn validated nothing, so nothing to map
         if pydantic is None or not isinstance(exc, pydantic.ValidationError):
             raise
-        from autopar.schema import one_line  # a boundary model rejected a value the CLI passed through
-
-        fail(one_line(exc, "invalid value"))
+        fail(api.one_line(exc, "invalid value"))  # a boundary model rejected a value the CLI passed through
 
 
 def _check_outputs(paths: list[str], force: bool) -> None:
     """Refuse, before any work, outputs that exist (without --force) or cannot be files."""
-    from autopar.io import check_output
-
-    _run(lambda: [check_output(p, force) for p in paths])
+    _run(lambda: api.check_outputs(paths, force))
 
 
 def _emit_json(data: Any) -> None:
@@ -190,9 +187,7 @@ def _json_default(obj: Any) -> Any:
 @app.command()
 def models(as_json: JsonOpt = False) -> None:
     """List the model presets."""
-    from autopar.catalog import model_rows  # what api.models returns, without importing the cost model
-
-    rows = _run(model_rows)
+    rows = _run(listings.models)
     if as_json:
         _emit_json({"models": rows})
     else:
@@ -202,9 +197,7 @@ def models(as_json: JsonOpt = False) -> None:
 @app.command()
 def clusters(as_json: JsonOpt = False) -> None:
     """List the shipped cluster profiles."""
-    from autopar.hardware import cluster_rows  # what api.clusters returns, without importing the cost model
-
-    rows = _run(cluster_rows)
+    rows = _run(listings.clusters)
     if as_json:
         _emit_json({"clusters": rows})
     else:
@@ -318,26 +311,20 @@ def validate(
         if given:
             names = ", ".join(given)
             fail(f"{names} {'select' if len(given) > 1 else 'selects'} among the shipped runs; drop {names} with --runs")
-        from autopar.validate.report import validate_runs
-
-        result = _run(lambda: validate_runs(runs, cost_model))
+        result = _run(lambda: api.validate_runs(runs, cost_model))
         if as_json:
             _emit_json(result)
         else:
             tables.print_validate(out, result, rows=not summary_only)
         return
     if leave_one_source_out:
-        from autopar.calibration.loso import leave_one_source_out as loso
-
-        result = _run(lambda: loso(iters=iters, sources=set(source) if source else None))
+        result = _run(lambda: api.leave_one_source_out(iters, set(source) if source else None))
         if as_json:
             _emit_json(result)
         else:
             tables.print_loso(out, result)
         return
-    from autopar.validate.report import validate as run_validate
-
-    result = _run(lambda: run_validate(split, set(source) if source else None, cost_model))
+    result = _run(lambda: api.validate(split, set(source) if source else None, cost_model))
     if as_json:
         _emit_json(result)
     else:
@@ -359,25 +346,21 @@ def calibrate(
     as_json: JsonOpt = False,
 ) -> None:
     """Fit a cost model's efficiencies to measured runs and write it with its provenance."""
-    from autopar.calibration import fit as cal
-    from autopar.cost.params import load_cost_model
-
     command = "autopar calibrate " + " ".join(sys.argv[2:])
     _check_outputs([out_path], force)
 
     def run():
-        base_file = load_cost_model(base)[0]
         if derive_as:
-            return cal.derive(base_file, derive_as, [g.strip() for g in (derive_gpus or "").split(",") if g.strip()],
-                              command, reason)
+            return api.derive_cost_model(base, derive_as, [g.strip() for g in (derive_gpus or "").split(",")
+                                                           if g.strip()], command, reason)
         if runs != "builtin":
-            fitted, loo = cal.calibrate_user(runs, base_file, command, iters=iters)
+            fitted, loo = api.calibrate_runs(runs, base, command, iters=iters)
             leave_one_out.extend(loo)
             if not as_json:
                 for run_id, e in loo:
                     out.print(f"leave-one-out {run_id}: error {e:+.1%}")
             return fitted
-        return cal.calibrate_builtin(gpu, base_file, command, rounds, iters)
+        return api.calibrate_builtin(gpu, base, command, rounds, iters)
 
     leave_one_out: list[tuple[str, float]] = []
     result = _run(run)
@@ -394,9 +377,7 @@ def calibrate(
 
 
 def _write_one(path: str, text: str, force: bool) -> None:
-    from autopar.io import write_output
-
-    _run(lambda: write_output(path, text, force=force))
+    _run(lambda: api.write_output(path, text, force))
 
 
 QuietOpt = Annotated[bool, typer.Option("--quiet", "-q", help="No progress bar.")]
@@ -485,13 +466,10 @@ def plan(
         best_plan, best_est = result.chosen
         exported = _run(lambda: api.export_plan(model, cluster, gpus, best_plan, best_est, export_fmt, cost_model))
     if out_path:
-        from autopar.io import write_outputs
-        from autopar.schema.plan_file import plan_file_text
-
         best_plan, best_est = result.chosen
-        text = plan_file_text(api.plan_file_for(model, cluster, gpus, best_plan, best_est, cost_model))
+        text = api.plan_file_text(model, cluster, gpus, best_plan, best_est, cost_model)
         targets = {plan_json: text, **{str(Path(out_path) / name): t for name, t in exported.items()}}
-        written = _run(lambda: write_outputs(targets, force=force))
+        written = _run(lambda: api.write_outputs(targets, force))
     if as_json:
         _emit_json({"plans": [{**records.plan_entry(p, e, gpus), "equivalent_to_best": result.equivalent_to_best(e)}
                               for p, e in result.plans],
@@ -508,9 +486,10 @@ def plan(
         _emit_files(exported, None)
     best_plan, best_est = result.chosen
     if explain_best:
-        from autopar.report.explain import explain as run_explain, render_explanation
+        from autopar.report.explain import render_explanation
 
-        render_explanation(out, _run(lambda: run_explain(model, cluster, gpus, best_plan, cost_model, memory_margin)))
+        render_explanation(out, _run(lambda: api.explain_plan(model, cluster, gpus, best_plan, cost_model,
+                                                              memory_margin)))
     if plot:
         _pictures(plot, best_plan, best_est)
 
@@ -567,17 +546,15 @@ def profile(
 ) -> None:
     """Measure GEMM, attention, memory bandwidth and collectives here and write a cost-model file."""
     _drop_process_env_default("OPENBLAS_NUM_THREADS")  # torch's CPU kernels may use OpenBLAS: all threads
-    from autopar.profile import profile as run_profile
-
     _check_outputs([out_path], force)
     command = "autopar profile " + " ".join(sys.argv[2:])
     bar, update = _progress_sink(quiet or as_json)
 
     def run():
         if bar is None:
-            return run_profile(device, model, quick, base, command)
+            return api.profile(device, model, quick, base, command)
         with bar:
-            return run_profile(device, model, quick, base, command, update)
+            return api.profile(device, model, quick, base, command, update)
 
     result = _run(run)
     _write_one(out_path, result.model_dump_json(indent=2) + "\n", force)
@@ -616,29 +593,12 @@ def explain(
     as_json: JsonOpt = False,
 ) -> None:
     """Why a plan wins: time and memory per stage, and the reason each neighbouring plan loses or fails."""
-    from autopar.errors import SchemaError
-    from autopar.report.explain import explain as run_explain, render_explanation
+    from autopar.report.explain import render_explanation
 
     _check_outputs(_picture_paths(plot), force)
-
-    def run():
-        nonlocal model, cluster, gpus
-        if plan_file:
-            pf, plan_, _ = api.score_plan_file(plan_file, cost_model, memory_margin)
-            model, cluster, gpus = pf.target.model, pf.target.cluster, pf.target.gpus
-        elif plan_string:
-            missing = [n for n, v in (("--model", model), ("--cluster", cluster), ("--gpus", gpus),
-                                      ("--global-batch", global_batch)) if v is None]
-            if missing:
-                raise SchemaError(f"--plan needs {', '.join(missing)}")
-            seq = seq_len or api.load_model(model).spec.seq_length
-            plan_ = api.plan_from_assignments(plan_string, gpus, global_batch, seq, framework=framework,
-                                              zero=default_zero(framework))
-        else:
-            raise SchemaError("explain needs a plan JSON or --plan 'tp=...,pp=...' with --model --cluster --gpus --global-batch")
-        return run_explain(model, cluster, gpus, plan_, cost_model, memory_margin)
-
-    ex = _run(run)
+    ex = _run(lambda: api.explain(plan_file, plan_string, model=model, cluster=cluster, gpus=gpus,
+                                  global_batch=global_batch, seq_len=seq_len, framework=framework,
+                                  cost_model=cost_model, memory_margin=memory_margin))
     if as_json:
         _emit_json(ex.to_dict())
         return
@@ -666,28 +626,18 @@ def sweep(
     as_json: JsonOpt = False,
 ) -> None:
     """The best plan at each point of a GPU-count, batch or sequence sweep: where scaling breaks."""
-    from autopar.errors import NoFeasiblePlanError
-    from autopar.report.sweep import parse_values, render_sweep, sweep as run_sweep
+    from autopar.report.sweep import render_sweep
 
     _check_outputs(_picture_paths(plot, with_memory=False), force)
     bar, update = _progress_sink(quiet or as_json)
+    kwargs = dict(framework=framework, precision=precision, fix=fix, max_tp=max_tp, memory_margin=memory_margin,
+                  cost_model=cost_model)
 
     def run():
-        g, b = parse_values(gpus, "--gpus"), parse_values(global_batch, "--global-batch")
-        s = parse_values(seq_len, "--seq-len") if seq_len else None
-        kwargs = dict(gpus_list=g if len(g) > 1 else None, global_batch_list=b if len(b) > 1 else None,
-                      seq_len_list=s if s and len(s) > 1 else None, gpus=g[0], global_batch=b[0],
-                      seq_len=s[0] if s else None, framework=framework, precision=precision, fix=fix,
-                      memory_margin=memory_margin, cost_model=cost_model, max_tp=max_tp)
         if bar is None:
-            points = run_sweep(model, cluster, **kwargs)
-        else:
-            with bar:
-                points = run_sweep(model, cluster, progress=update, **kwargs)
-        if not any(p.plan is not None for p in points):
-            raise NoFeasiblePlanError("no point of the sweep has a plan that fits: " + "; ".join(
-                f"{p.gpus} GPUs: {p.reason}" for p in points[:3]))
-        return points
+            return api.sweep(model, cluster, gpus, global_batch, seq_len, **kwargs)
+        with bar:
+            return api.sweep(model, cluster, gpus, global_batch, seq_len, progress=update, **kwargs)
 
     points = _run(run)
     if as_json:
