@@ -309,3 +309,13 @@ def _allowed_keys(loc: tuple[Any, ...]) -> list[str]:
 
 if __name__ == "__main__":
     print(f"wrote {write_parsed_profiles()}")
+
+
+def gpu_arch(gpu_name: str) -> str:
+    """ampere (A100), hopper (H100/H800/H200), blackwell (B200), from the profile's GPU name."""
+    upper = gpu_name.upper()
+    if "A100" in upper:
+        return "ampere"
+    if "B200" in upper or "B100" in upper or "GB200" in upper:
+        return "blackwell"
+    return "hopper"

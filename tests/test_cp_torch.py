@@ -6,7 +6,7 @@ from dataclasses import replace
 import pytest
 
 from autopar.cost import comm
-from autopar.cost.frameworks import framework_profile
+from autopar.frameworks import framework_profile
 from autopar.cost.layer import (Spans, Split, _compute, cp_kv_bytes, layer_cost, torch_ring_comm_s,
                                 torch_ring_merge_bytes, torch_ring_merge_s)
 from autopar.cost.params import load_cost_model

@@ -17,9 +17,8 @@ Three checks:
 
 A plan field `estimate` has no option for (`CLI_LESS_FIELDS`) is left to the CLI's default; the
 search's plan must then hold that same default, or `estimate` prices another plan. The check
-compares the whole plan record first, so a failure names the field: e.g. cp_comm_type (torchtitan's
-CP mode lives in search.space._CP_COMM_TYPE, not in the plan defaults) or layers_per_stage (the
-partition DP's split, which no estimate option can state).
+compares the whole plan record first, so a failure names the field (e.g. a CP exchange or a layer
+split that the search's plan carries and the plan `estimate` builds does not).
 """
 
 from __future__ import annotations
@@ -46,9 +45,9 @@ SAMPLES = 8  # candidates per (space, framework): the file runs in well under a 
 # ParallelPlan fields `autopar estimate` has no option for (it leaves them at ParallelPlan's
 # defaults); every other field is typed. A plan the search makes with any of these off its default
 # cannot be expressed through the CLI.
-CLI_LESS_FIELDS = ("zero_shard_size", "overlap_grad_reduce", "overlap_param_gather", "cp_comm_type", "moe_dispatcher",
+CLI_LESS_FIELDS = ("zero_shard_size", "overlap_grad_reduce", "overlap_param_gather", "moe_dispatcher",
                    "moe_load_imbalance", "moe_capacity_factor", "moe_grouped_gemm", "grad_reduce_in_bf16",
-                   "framework_release", "layers_per_stage")
+                   "framework_release")
 
 MEG, TT, DS = Framework.MEGATRON.value, Framework.TORCHTITAN.value, Framework.DEEPSPEED.value
 # space -> (model, gpus, seq_len, global_batch, fix as `plan --fix` takes it, which candidates, frameworks)
@@ -63,8 +62,7 @@ SPACES = {
 }
 CASES = [(space, fw) for space, entry in SPACES.items() for fw in entry[-1]]
 # For the listed plans, also a pinned pipeline without interleaving, so that the partition DP moves
-# layers: its plans carry layers_per_stage, which `autopar estimate` has no option for (a plan the
-# search makes that the CLI cannot express; estimate then prices the even split instead).
+# layers: its plans carry layers_per_stage (estimate's --layers-per-stage).
 LISTED = CASES + [("pipeline-pp8", fw) for fw in (MEG, TT, DS)]
 SPACE_ARGS = {**{k: v[:5] for k, v in SPACES.items()}, "pipeline-pp8": ("llama3-70b", 64, 4096, 128, "pp=8,vpp=1")}
 
@@ -89,6 +87,10 @@ def estimate_args(model: str, gpus: int, record: dict) -> list[str]:
     args.append("--tp-comm-overlap" if record["tp_comm_overlap"] else "--no-tp-comm-overlap")
     if record["torch_compile"] is not None:
         args.append("--torch-compile" if record["torch_compile"] else "--no-torch-compile")
+    if record["cp"] > 1:  # at cp 1 the plan carries the framework's default, whatever is typed
+        args += ["--cp-comm-type", record["cp_comm_type"]]
+    if record["layers_per_stage"] is not None:
+        args += ["--layers-per-stage", ",".join(map(str, record["layers_per_stage"]))]
     return args + ["--json"]
 
 

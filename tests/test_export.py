@@ -431,7 +431,7 @@ def test_deepspeed_launch_command():
     (dict(global_batch=32, seq_len=2048, zero=3, zero_shard_size=4), "removed MiCS"),
     (dict(pp=2, global_batch=32, seq_len=2048, zero=2), "pipeline parallelism works only with zero 0 or 1"),
     (dict(pp=2, vpp=2, global_batch=32, seq_len=2048, zero=1), "interleaved pipeline"),
-    (dict(cp=2, global_batch=32, seq_len=2048, zero=1), "no cp, ep or interleaved pipeline"),
+    (dict(cp=2, global_batch=32, seq_len=2048, zero=1), "has no context parallelism; use megatron or set cp to 1"),
     (dict(global_batch=32, seq_len=2048, zero=1, recompute=Recompute(mode="selective", modules=("mlp",))),
      "selective recompute of mlp"),
     (dict(pp=2, global_batch=32, seq_len=2048, zero=1, recompute=Recompute(mode="full", num_layers=2)),
@@ -520,7 +520,7 @@ def test_torchtitan_launch_and_script():
 @pytest.mark.parametrize("model,plan,reason", [
     ("gpt3-175b", dict(tp=8, global_batch=64, seq_len=2048), "no torchtitan 0.3 model_registry flavour"),
     ("deepseek-v3", dict(ep=8, etp=1, global_batch=64, seq_len=4096), "MTP"),
-    ("llama3-8b", dict(cp=2, global_batch=64, seq_len=4096), "cp_comm_type p2p"),
+    ("llama3-8b", dict(cp=2, global_batch=64, seq_len=4096, cp_comm_type="p2p"), "cp_comm_type p2p"),
     ("llama3-8b", dict(cp=2, cp_comm_type="allgather", zero=0, global_batch=64, seq_len=4096), "zero 0 with cp"),
     ("llama3-8b", dict(global_batch=64, seq_len=4096, recompute=Recompute(mode="full", num_layers=3)), "every block"),
     ("llama3-8b", dict(global_batch=64, seq_len=4096, zero=1), "zero 1 is not available in torchtitan"),
@@ -627,7 +627,8 @@ def test_megatron_writes_the_models_settings():
 
 def test_export_to_another_framework_names_the_replan_command():
     pf = ROUND_TRIP["llama3-70b tp8 pp4 vpp5"]()
-    with pytest.raises(ExportError, match=r"made for megatron; re-plan it for deepspeed with `autopar plan llama3-70b "
+    with pytest.raises(ExportError, match=r"made for megatron and deepspeed would not run it as planned: .*tp 8: the "
+                                          r"DeepSpeed engine has no tensor.*; re-plan it for deepspeed with `autopar plan llama3-70b "
                                           r"--cluster dgx-h100 --gpus 1024 --seq-len \d+ --global-batch 1024 "
                                           r"--framework deepspeed`"):
         export(pf, "deepspeed")

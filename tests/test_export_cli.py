@@ -30,7 +30,13 @@ def test_plan_export_megatron_round_trips_through_estimate(tmp_path):
 def test_export_command_prints_and_refuses(tmp_path):
     pj = tmp_path / "plan.json"
     assert runner.invoke(app, PLAN + ["--out", str(pj), "--fix", "tp=1,pp=1,cp=1"]).exit_code == 0
+    # Planned for Megatron, it does not fit as DeepSpeed runs it (the Hugging Face model's eager kernels
+    # and loss): the export refuses and names the command that re-plans it.
     r = runner.invoke(app, ["export", str(pj), "--format", "deepspeed"])
+    assert r.exit_code == 2 and "under deepspeed it needs" in r.output and "--framework deepspeed`" in r.output
+    ds = tmp_path / "ds.json"
+    assert runner.invoke(app, PLAN + ["--out", str(ds), "--framework", "deepspeed"]).exit_code == 0
+    r = runner.invoke(app, ["export", str(ds), "--format", "deepspeed"])
     assert r.exit_code == 0, r.output
     assert "===== ds_config.json" in r.output and "train_batch_size" in r.output
     r = runner.invoke(app, ["export", str(pj), "--format", "horovod"])

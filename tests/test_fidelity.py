@@ -6,7 +6,8 @@ from dataclasses import replace
 import pytest
 
 from autopar.cost import comm, fsdp, memory
-from autopar.cost.frameworks import framework_profile, gpu_arch
+from autopar.frameworks import framework_profile
+from autopar.hardware import gpu_arch
 from autopar.cost.layer import Split, _compute, moe_permute_s
 from autopar.cost.params import for_framework, load_cost_model
 from autopar.cost.step import _dp_sync_s, moe_load, rank_memory, setup, stage_activation_bytes, assign_layers

@@ -5,7 +5,7 @@ split it over tp and all-gather it on receipt (Narayanan et al. SC'21 §4.1)."""
 import pytest
 
 from autopar.cost import comm
-from autopar.cost.frameworks import framework_profile
+from autopar.frameworks import framework_profile
 from autopar.cost.params import load_cost_model
 from autopar.cost.step import pipeline_send_s, setup
 from autopar.hardware import load_cluster

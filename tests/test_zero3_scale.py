@@ -6,9 +6,8 @@ from dataclasses import replace
 
 import pytest
 
-from autopar.choices import FRAMEWORK_OLDER_RELEASES
 from autopar.cost import comm, fsdp
-from autopar.cost.frameworks import FRAMEWORK_RELEASES, framework_profile
+from autopar.frameworks import REGISTRY, framework_profile
 from autopar.cost.layer import LayerCost
 from autopar.cost.params import load_cost_model
 from autopar.cost.step import assign_layers, rank_chunks, rank_memory, setup
@@ -24,7 +23,8 @@ _, A100 = load_cost_model("a100")
 
 
 def test_release_profiles_are_the_ones_the_plan_accepts():
-    assert {(str(n), r) for n, rs in FRAMEWORK_OLDER_RELEASES.items() for r in rs} == set(FRAMEWORK_RELEASES)
+    declared = set(ParallelPlan.model_fields["framework_release"].annotation.__args__[0].__args__)
+    assert {r for spec in REGISTRY.values() for r in spec.release_names} == declared
     old, new = framework_profile("deepspeed", "0.3"), framework_profile("deepspeed")
     assert old.synchronous_gathers and old.per_rank_copies and old.gathered_bytes_per_unit_param == 6.0
     assert not new.synchronous_gathers and not new.per_rank_copies and new.gathered_bytes_per_unit_param == 4.0

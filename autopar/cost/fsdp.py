@@ -1,7 +1,7 @@
 """ZeRO-3 / FSDP parameter traffic of one microbatch: the all-gathers of sharded weights before each
 unit computes and the reduce-scatter of its gradients, and how much of it compute hides.
 
-Units (autopar.cost.frameworks): DeepSpeed ZeRO-3 gathers per module, each nn.Linear and the
+Units (autopar.frameworks): DeepSpeed ZeRO-3 gathers per module, each nn.Linear and the
 norms of a layer (Rajbhandari et al. 2020, ZeRO §5; its pre-forward hooks), FSDP2 and Megatron-FSDP
 one transformer block at a time (torch.distributed.fsdp.fully_shard per block). Each gather is its
 own collective, so latency ((n − 1) ring steps) and message-size efficiency apply per unit.
@@ -18,7 +18,7 @@ the framework release gathers synchronously (DeepSpeed <= 0.5.5: torch.cuda.sync
 gather waits for every stream, the gradient reduce-scatter's too). DeepSpeed never gathers the
 parameters under its persistence threshold (norms and biases). DeepSpeed <= 0.5.5 on PyTorch <= 1.8
 also pays one copy kernel per rank of the group around every gather and reduce-scatter (see
-autopar.cost.frameworks, releases). Ignored: HSDP's replica all-reduce, the expert data-parallel group
+autopar.frameworks, releases). Ignored: HSDP's replica all-reduce, the expert data-parallel group
 (experts are gathered over the dense group), rate limiting of in-flight gathers, DeepSpeed's
 host-side hook and Python work per module.
 """
@@ -26,7 +26,7 @@ host-side hook and Python work per module.
 from __future__ import annotations
 
 from autopar.cost import comm, memory
-from autopar.cost.frameworks import framework_profile
+from autopar.frameworks import framework_profile
 from autopar.cost.layer import BF16_BYTES, LayerCost
 from autopar.cost.params import CostParams
 from autopar.hardware import Cluster

@@ -29,7 +29,7 @@ _GEMM_MODULE = {"mlp": "mlp", "expert": "moe", "shared": "shared_experts", "q_up
 # Share of a layer's sp-side elementwise traffic that is its two norms (4h of the 10h, see build.py).
 _NORM_SHARE_OF_SP_BYTES = 0.4
 BF16_BYTES = 2
-OP_SAC = "op_sac"  # the selective policy of torchtitan (see autopar.cost.frameworks)
+OP_SAC = "op_sac"  # the selective policy of torchtitan (see autopar.frameworks)
 # GEMMs an fp8 plan still runs in bf16 (besides the vocab-parallel output layer, split "vocab"):
 # fp8 covers Transformer Engine's linears (torchao's converted nn.Linears); Megatron-Core's output
 # layer is its own ColumnParallelLinear (gpt_model.py, f1f03922 and HEAD, TE only for MXFP8 with
@@ -96,7 +96,7 @@ class Split(NamedTuple):
     moe_dispatcher: str = "alltoall"
     attn_peak_flops: float = 0.0  # bf16 peak: attention never runs in fp8 (0 = peak_flops)
     attention_kernel: str = "fa2"  # flash kernel family the framework launches on this GPU
-    cp_ring: str = "te"  # CP attention implementation (autopar.cost.frameworks): "te" | "torch"
+    cp_ring: str = "te"  # CP attention implementation (autopar.frameworks): "te" | "torch"
     cp_repeats_kv_heads: bool = False  # CP moves K/V repeated to the query heads
     cp_comm_overlapped: bool = True  # torch ring: transfers hidden behind SDPA steps (False: waited where issued)
     tp_backward_overlap: bool = False  # sp backward: input re-gather and dgrad reduce-scatter behind GEMMs
@@ -269,7 +269,7 @@ def _compute(layer: Layer, s: Split, cluster: Cluster, p: CostParams,
             module_s[mod] = module_s.get(mod, 0.0) + act_s
     module_s["core_attn"] = attn_fwd + scores_s
     # torchtitan's per-op SAC recomputes every second matmul and all elementwise ops (norms,
-    # activation, rope), and keeps the SDPA output (autopar.cost.frameworks).
+    # activation, rope), and keeps the SDPA output (autopar.frameworks).
     module_s[OP_SAC] = 0.5 * gemm_fwd + ew_fwd
     permute = moe_permute_s(layer, s, cluster, p) + moe_sort_chunks_s(layer, s, cluster, p)
     module_s["moe"] = module_s.get("moe", 0.0) + permute if layer.num_experts else module_s.get("moe", 0.0)
@@ -463,7 +463,7 @@ def torch_ring_comm_s(layer: Layer, s: Split, spans: Spans, cluster: Cluster, p:
       rank (_AllToAllRotater), hidden behind the next step, and the last one is waited for right
       after the loop, fully exposed. A hidden transfer still exposes (1 − cp_overlap) of itself.
     Compiled (torchtitan), every transfer is waited on where it is issued and hides behind nothing
-    (s.cp_comm_overlapped False; autopar.cost.frameworks)."""
+    (s.cp_comm_overlapped False; autopar.frameworks)."""
     kv = cp_kv_bytes(layer, s)
     step_fwd, step_bwd = attn_fwd_s / s.cp, attn_bwd_s / s.cp
 

@@ -31,6 +31,7 @@ from autopar.cost.layer import Spans
 from autopar.hardware import Cluster
 from autopar.model.graph import ModelGraph
 from autopar.errors import InvalidPlanError
+from autopar.frameworks import framework_spec
 from autopar.schema.plan import Framework, ParallelPlan, plan_violations
 
 
@@ -110,7 +111,7 @@ class Layout:
             num_gpus=num_gpus, num_layers=num_layers, gpus_per_node=gpus_per_node, tp=tp, pp=pp, cp=cp, ep=plan.ep,
             etp=plan.expert_tp, vpp=plan.vpp, dp=dp, num_microbatches=plan.global_batch // (dp * plan.mbs),
             dp_shard=plan.zero_shard_size or dp, zero=plan.zero, layers_per_stage=plan.layers_per_stage,
-            tied_embedding_copy=tie_embeddings and pp > 1 and plan.framework == Framework.MEGATRON,
+            tied_embedding_copy=tie_embeddings and pp > 1 and framework_spec(plan.framework).tied_embedding_copy_with_pp,
             framework=plan.framework)
         return layout
 
@@ -180,7 +181,7 @@ class Layout:
         """The split of the decoders over pp·vpp virtual stages when the plan names none: the one
         torchtitan makes by itself (torchtitan_layer_counts) for torchtitan, else autopar's
         (stage_layer_counts; also where torchtitan's rule has no split)."""
-        if self.framework == Framework.TORCHTITAN:
+        if framework_spec(self.framework).layer_split == "torchtitan":
             counts = torchtitan_layer_counts(self.num_layers, self.pp * self.vpp)
             if counts is not None:
                 return counts

@@ -5,51 +5,36 @@ mode, in-flight microbatches per pipeline schedule. Base units: bytes, counts.
 from __future__ import annotations
 
 from autopar.model.graph import Layer
+from autopar.frameworks import framework_spec
+from autopar.frameworks.base import ZERO_STATES
 from autopar.schema.plan import Framework
 
 BF16 = 2.0
 
-# Bytes per parameter of (weights, gradients, optimizer state), and which of them ZeRO shards,
-# for mixed-precision Adam (two fp32 moments):
-#   megatron: bf16 weights, fp32 main grads (--accumulate-allreduce-grads-in-fp32 is forced with
-#     bf16), fp32 master copy + 2 moments = 2 + 4 + 12 = 18 (Megatron-LM docs, distrib_optimizer.md);
-#     the distributed optimizer (zero 1) shards the 12 optimizer bytes: 6 + 12/d.
-#   deepspeed: 2 + 2 + 12 = 16 (Rajbhandari et al. 2020, ZeRO §3 "2Ψ + 2Ψ + KΨ", K = 12);
-#     stage 1 shards optimizer, 2 adds gradients, 3 adds weights.
-#   torchtitan (FSDP2, bf16 compute, fp32 reduce): fp32 sharded weights 4 + fp32 grads 4 + moments 8
-#     = 16, sharded over the FSDP group; the bf16 unsharded copies are transient (see fsdp_transient).
-#   Megatron with --grad-reduce-in-bf16 (mcore DistributedDataParallelConfig grad_reduce_in_fp32
-#     False; NeMo sets it from optim.grad_sync_dtype, megatron_base_model.setup_mcore_distributed_parallel)
-#     keeps its gradient buffer in bf16: 2 + 2 + 12.
-_STATE_BYTES = {
-    Framework.MEGATRON: (2.0, 4.0, 12.0),
-    Framework.DEEPSPEED: (2.0, 2.0, 12.0),
-    Framework.TORCHTITAN: (4.0, 4.0, 8.0),
-}
-
-
 def model_state_bytes(params: float, framework: Framework, zero: int, shard: int,
                       grad_bytes: float | None = None) -> dict[str, float]:
     """Weights, gradients and optimizer state of `params` parameters on one GPU, sharded over
-    `shard` ranks by ZeRO stage `zero` (1: optimizer, 2: + gradients, 3: + weights); `grad_bytes`
-    replaces the framework's gradient bytes per parameter (see main_grad_bytes)."""
-    w, g, o = _STATE_BYTES[framework]
+    `shard` ranks by what ZeRO stage `zero` shards under `framework` (its FrameworkSpec: bytes per
+    parameter of each state and the states each stage shards, sources in autopar.frameworks;
+    e.g. Megatron 2 + 4 + 12, its distributed optimizer sharding the 12 optimizer bytes: 6 + 12/d);
+    `grad_bytes` replaces the framework's gradient bytes per parameter (see main_grad_bytes)."""
+    spec = framework_spec(framework)
+    w, g, o = spec.state_bytes_per_param
     g = g if grad_bytes is None else grad_bytes
-    if framework == Framework.TORCHTITAN and zero >= 2:
-        zero = 3  # FSDP shards all three; zero 2 only keeps the bf16 weights gathered (fsdp_transient)
+    sharded = spec.sharded_states(zero) if zero in spec.zero_stages else ZERO_STATES[:zero]
     return {
-        "weights": params * w / (shard if zero >= 3 else 1),
-        "gradients": params * g / (shard if zero >= 2 else 1),
-        "optimizer": params * o / (shard if zero >= 1 else 1),
+        "weights": params * w / (shard if "weights" in sharded else 1),
+        "gradients": params * g / (shard if "gradients" in sharded else 1),
+        "optimizer": params * o / (shard if "optimizer" in sharded else 1),
     }
 
 
 def fsdp_transient_bytes(stage_params: float, unit_params: float, framework: Framework, zero: int,
                          bytes_per_unit_param: float) -> float:
     """Unsharded weights (and gradients) alive at once: ZeRO-3/FSDP holds `bytes_per_unit_param` per
-    parameter of its largest gather unit (autopar.cost.frameworks, gathered_bytes_per_unit_param);
+    parameter of its largest gather unit (autopar.frameworks, gathered_bytes_per_unit_param);
     torchtitan's zero 2 (reshard_after_forward=False) keeps the stage's bf16 weights twice."""
-    if framework == Framework.TORCHTITAN and zero == 2:
+    if zero == 2 and framework_spec(framework).zero2_keeps_weights_gathered:
         return 2.0 * stage_params
     if zero >= 3:
         return bytes_per_unit_param * unit_params
@@ -170,6 +155,6 @@ def with_overheads(allocated_bytes: float, cuda_context_bytes: float, comm_buffe
 
 
 def main_grad_bytes(framework: Framework, grad_reduce_in_bf16: bool) -> float:
-    """Bytes per gradient element kept and reduced: the framework's (_STATE_BYTES), or 2 under
+    """Bytes per gradient element kept and reduced: the framework's (state_bytes_per_param), or 2 under
     Megatron's --grad-reduce-in-bf16."""
-    return 2.0 if grad_reduce_in_bf16 else _STATE_BYTES[framework][1]
+    return 2.0 if grad_reduce_in_bf16 else framework_spec(framework).state_bytes_per_param[1]

@@ -17,11 +17,11 @@ from autopar.choices import DEFAULT_MEMORY_MARGIN  # noqa: F401 (the one margin;
 from autopar.cost import comm, fsdp, memory
 from autopar.cost.compute import memory_bound_time_s
 from autopar.cost.layer import BF16_BYTES, LayerCost, Spans, Split, expert_blind, layer_cost
-from autopar.cost.frameworks import framework_profile, gpu_arch
+from autopar.frameworks import framework_profile
 from autopar.cost.layout import Layout, stage_layer_counts  # noqa: F401 (stage_layer_counts re-exported)
 from autopar.cost.params import CostParams, for_framework
 from autopar.cost.pipeline import pipeline_step_s
-from autopar.hardware import Cluster
+from autopar.hardware import Cluster, gpu_arch
 from autopar.model.graph import Layer, ModelGraph
 from autopar.schema.plan import Framework, ParallelPlan, Precision, RecomputeMode
 

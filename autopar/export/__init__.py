@@ -9,9 +9,11 @@ arguments and DeepSpeed configs back into plans.
 from __future__ import annotations
 
 import json
-from typing import Callable
 
-from autopar.errors import ExportError
+from pydantic import ValidationError
+
+from autopar.errors import AutoparError, ExportError
+from autopar.frameworks import REGISTRY, plan_refusals
 from autopar.export.deepspeed import deepspeed_launch_command, export_deepspeed, launch_script
 from autopar.export.hf_model import hf_config_from_spec
 from autopar.export.importers import plan_from_deepspeed_config, plan_from_megatron_args
@@ -19,7 +21,7 @@ from autopar.export.megatron import export_megatron, megatron_args
 from autopar.export.megatron_rules import megatron_violations
 from autopar.export.torchtitan import (CONFIG_MODULE, config_module, export_torchtitan, torchtitan_args,
                                        torchtitan_launch_command)
-from autopar.schema.plan import Framework
+from autopar.schema.plan import plan_violations
 from autopar.schema.plan_file import PlanFile
 
 __all__ = ["EXPORT_FORMATS", "export", "export_megatron", "megatron_args", "megatron_violations", "export_deepspeed",
@@ -27,11 +29,12 @@ __all__ = ["EXPORT_FORMATS", "export", "export_megatron", "megatron_args", "mega
            "plan_from_megatron_args", "plan_from_deepspeed_config"]
 
 
-def _megatron(pf: PlanFile) -> dict[str, str]:
+def megatron_files(pf: PlanFile) -> dict[str, str]:
+    """launch_megatron.sh (autopar.frameworks.megatron names this its exporter)."""
     return {"launch_megatron.sh": export_megatron(pf)}
 
 
-def _deepspeed(pf: PlanFile) -> dict[str, str]:
+def deepspeed_files(pf: PlanFile) -> dict[str, str]:
     """ds_config.json, the launcher, and the model as a Hugging Face config.json (DeepSpeed's config
     has no model section; the training script builds the model from this file)."""
     config = export_deepspeed(pf)
@@ -46,30 +49,90 @@ def _deepspeed(pf: PlanFile) -> dict[str, str]:
     return files
 
 
-def _torchtitan(pf: PlanFile) -> dict[str, str]:
+def torchtitan_files(pf: PlanFile) -> dict[str, str]:
+    """launch_torchtitan.sh and the config_registry module it trains."""
     script = export_torchtitan(pf)
     return {"launch_torchtitan.sh": script, f"{CONFIG_MODULE}.py": config_module(pf)}
 
 
-_EXPORTERS: dict[Framework, Callable[[PlanFile], dict[str, str]]] = {
-    Framework.MEGATRON: _megatron, Framework.DEEPSPEED: _deepspeed, Framework.TORCHTITAN: _torchtitan}
-
-EXPORT_FORMATS: tuple[str, ...] = tuple(_EXPORTERS)
+EXPORT_FORMATS: tuple[str, ...] = tuple(REGISTRY)
 
 
 def export(pf: PlanFile, fmt: str) -> dict[str, str]:
-    """{output file name: contents} for `fmt` (one of EXPORT_FORMATS). A plan made for another
-    framework that `fmt` refuses names the command that re-plans it for `fmt`."""
-    exporter = _EXPORTERS.get(fmt.lower())
-    if exporter is None:
+    """{output file name: contents} for `fmt` (one of EXPORT_FORMATS), written by the framework's
+    registered exporter (autopar.frameworks). A plan made for another framework is re-checked under
+    `fmt` first (retarget_problems): if `fmt` would run something else or the plan no longer fits,
+    the export refuses, naming the command that re-plans it for `fmt`; never a silent change."""
+    name = fmt.lower()
+    if name not in REGISTRY:
         raise ExportError(f"unknown export format {fmt!r}; choose one of {', '.join(EXPORT_FORMATS)}")
+    source = str(pf.parallel.framework)
+    if source != name:
+        problems = retarget_problems(pf, name)
+        if problems:
+            raise ExportError(f"this plan was made for {source} and {name} would not run it as planned: "
+                              + "; ".join(problems) + f"; re-plan it for {name} with `{replan_command(pf, name)}`")
     try:
-        return exporter(pf)
+        return REGISTRY[name].export_files(pf)
     except ExportError as exc:
-        if pf.parallel.framework == fmt.lower():
+        if source == name:
             raise
-        raise ExportError(f"{exc}. This plan was made for {pf.parallel.framework}; re-plan it for {fmt.lower()} "
-                          f"with `{replan_command(pf, fmt.lower())}`") from None
+        raise ExportError(f"{exc}. This plan was made for {source}; re-plan it for {name} "
+                          f"with `{replan_command(pf, name)}`") from None
+
+
+def retarget_problems(pf: PlanFile, target: str) -> list[str]:
+    """What changes when `target` runs the plan made for another framework (empty = the same plan,
+    and it fits): the plan rules and refusals of `target`, a recompute policy or ZeRO sharding it
+    would run differently, and the peak memory priced under `target`'s profile against the plan's
+    usable memory. The exporter's own refusals follow in export()."""
+    from autopar.frameworks import framework_spec
+
+    plan, source = pf.parallel, str(pf.parallel.framework)
+    old, new = framework_spec(source), framework_spec(target)
+    out = []
+    was, will = plan.recompute.label(source), plan.recompute.label(target)
+    if was != will:
+        out.append(f"recompute {was} under {source} would be {will} under {target}")
+    if plan.zero in new.zero_stages and old.sharded_states(plan.zero) != new.sharded_states(plan.zero):
+        out.append(f"zero {plan.zero} shards {_states(old.sharded_states(plan.zero))} under {source} but "
+                   f"{_states(new.sharded_states(plan.zero))} under {target}")
+    try:
+        moved = plan.changed(framework=target, torch_compile=None, framework_release=None)
+    except ValidationError as exc:
+        from autopar.schema import one_line
+
+        return out + [one_line(exc, f"the plan under {target}")]
+    spec = pf.target.model_spec
+    out += [*plan_violations(moved, num_gpus=pf.target.gpus, num_layers=spec.num_layers,
+                             num_heads=spec.num_attention_heads, num_kv_heads=spec.kv_heads,
+                             num_experts=spec.moe.num_experts if spec.moe else 0),
+            *plan_refusals(spec, pf.target.gpus, moved)]
+    return out or _memory_problems(pf, moved, target)
+
+
+def _states(states: tuple[str, ...]) -> str:
+    return ", ".join(states) or "nothing"
+
+
+def _memory_problems(pf: PlanFile, moved, target: str) -> list[str]:
+    """The plan's peak under `target` against its usable memory (the margin it was planned with)."""
+    from autopar.cost.step import DEFAULT_MEMORY_MARGIN, estimate
+    from autopar.inputs import load_cluster, load_target_model, resolve_cost_model
+    from autopar.units import GiB
+
+    t = pf.target
+    try:
+        cluster = load_cluster(t.cluster, t.gpus)
+        cost = resolve_cost_model(cluster, t.cost_model)
+    except (AutoparError, OSError, ValueError) as exc:
+        return [f"its memory cannot be re-checked under {target} without the cluster profile ({exc})"]
+    margin = (pf.estimate or {}).get("memory_margin", DEFAULT_MEMORY_MARGIN)
+    est = estimate(load_target_model(t.model, t.model_spec), cluster, moved, cost, margin)
+    if est.fits:
+        return []
+    return [f"under {target} it needs {est.peak_memory_bytes / GiB:.1f} GiB per GPU of the "
+            f"{est.usable_memory_bytes / GiB:.1f} usable"]
 
 
 def replan_command(pf: PlanFile, framework: str) -> str:
@@ -84,17 +147,7 @@ def replan_command(pf: PlanFile, framework: str) -> str:
 
 def framework_refusals(spec, gpus: int, plan) -> list[str]:
     """Why `plan.framework` cannot express `plan` for model `spec` on `gpus` GPUs (empty = it can):
-    the one refusal function that the DeepSpeed and torchtitan exporters refuse with and the search
-    filters by (search.space.plan_problems), so `plan --framework X` never emits a plan `export`
-    refuses. Megatron's rules are the plan validator's (tested by exporting sampled search spaces)."""
-    from autopar.export.deepspeed import deepspeed_refusals
-    from autopar.export.torchtitan import torchtitan_refusals
-    from autopar.schema.plan_file import PlanTarget
-
-    if plan.framework == Framework.MEGATRON:
-        return []
-    pf = PlanFile(autopar_version="", target=PlanTarget(model=spec.name, model_spec=spec, cluster="-", gpus=gpus),
-                  parallel=plan)
-    if plan.framework == Framework.DEEPSPEED:
-        return deepspeed_refusals(pf, plan)
-    return torchtitan_refusals(pf, plan)
+    autopar.frameworks.plan_refusals, the one refusal function the exporters refuse with and the
+    search filters by, so `plan --framework X` never emits a plan `export` refuses. Megatron's rules
+    are the plan validator's (tested by exporting sampled search spaces)."""
+    return plan_refusals(spec, gpus, plan)

@@ -27,6 +27,7 @@ from typing import Any
 
 from autopar.export.common import (cluster_block, header, layer_counts, node_shape, plan_layout, refuse,
                                    require_exportable)
+from autopar.frameworks import plan_refusals
 from autopar.schema.plan import ParallelPlan, Precision, RecomputeMode
 from autopar.schema.plan_file import PlanFile
 
@@ -34,33 +35,9 @@ BUCKET_BYTES = 500_000_000  # DeepSpeed's default reduce/allgather bucket (eleme
 
 
 def deepspeed_refusals(pf: PlanFile, plan: ParallelPlan) -> list[str]:
-    """Every reason the DeepSpeed engine cannot run `plan` (empty = exportable)."""
-    out = []
-    for axis in ("tp", "cp", "ep"):
-        if getattr(plan, axis) > 1:
-            out.append(f"{axis} {getattr(plan, axis)}: the DeepSpeed engine has no tensor, context or expert "
-                       "parallelism (Megatron-DeepSpeed adds them); export to megatron or set it to 1")
-    if plan.vpp > 1:
-        out.append(f"vpp {plan.vpp}: PipelineModule runs one stage per rank (no interleaved schedule); set vpp 1")
-    if plan.precision == Precision.FP8:
-        out.append("fp8: the DeepSpeed engine trains in bf16 or fp16, fp8 GEMMs need Transformer Engine; use bf16")
-    if plan.zero_shard_size is not None:
-        out.append("zero_shard_size: DeepSpeed 0.19 removed MiCS hybrid sharding (ZeRO++ hpZ only splits the "
-                   "secondary weight copy); drop zero_shard_size")
-    counts = layer_counts(pf)
-    if plan.pp > 1 and len(set(counts)) > 1:
-        out.append(f"layers per stage {list(counts)}: PipelineModule partitions the decoder layers evenly; "
-                   "use a layer count divisible by pp or export to megatron")
-    rc = plan.recompute
-    if rc.mode == RecomputeMode.SELECTIVE and set(rc.modules) != {"core_attn"}:
-        out.append(f"selective recompute of {', '.join(rc.modules)}: DeepSpeed recomputes whole layers only; "
-                   "use full, none or selective core_attn")
-    if rc.mode == RecomputeMode.FULL and rc.num_layers is not None and plan.pp > 1:
-        out.append(f"full recompute of {rc.num_layers} layers per stage: PipelineModule checkpoints every "
-                   "`activation_checkpoint_interval` layers; use full recompute of every layer")
-    if plan.moe_capacity_factor is not None:
-        out.append("moe capacity factor: the DeepSpeed engine has no MoE routing settings; drop it")
-    return out
+    """Every reason the DeepSpeed engine cannot run `plan` (empty = exportable): the framework's own
+    refusals (autopar.frameworks.deepspeed), which the search filters by."""
+    return plan_refusals(pf.target.model_spec, pf.target.gpus, plan)
 
 
 def _zero_section(pf: PlanFile, plan: ParallelPlan) -> dict[str, Any]:

@@ -37,67 +37,14 @@ from __future__ import annotations
 
 import shlex
 
-from dataclasses import dataclass
-
 from autopar.cost.layout import Layout, torchtitan_layer_counts  # noqa: F401 (torchtitan's split, re-exported)
 from autopar.export.common import (DEFAULT_GPUS_PER_NODE, TORCHRUN, bash_array, cluster_block, header, layer_counts,
                                    plan_layout, refuse, require_exportable)
+from autopar.frameworks import plan_refusals
+from autopar.frameworks.torchtitan import FLAVOURS, Flavour, flavour_for, no_flavour_reason  # noqa: F401 (re-exported)
 from autopar.schema.model import ModelSpec
 from autopar.schema.plan import ParallelPlan, RecomputeMode
 from autopar.schema.plan_file import PlanFile
-
-@dataclass(frozen=True, slots=True)
-class Flavour:
-    """A torchtitan 0.3 model_registry flavour, the config_registry function that trains it, and the
-    autopar preset with the same shape (torchtitan/models/<module>/__init__.py, config_registry.py)."""
-
-    module: str
-    flavor: str
-    config_fn: str
-    preset: str
-    fixed: tuple[tuple[str, float], ...] = ()  # settings the flavour hard-codes: (spec path, value)
-    bf16_config_fn: str | None = None  # the recipe to start bf16 plans from, when config_fn builds float8
-
-    def recipe(self, fp8: bool) -> str:
-        return self.config_fn if fp8 or self.bf16_config_fn is None else self.bf16_config_fn
-
-
-FLAVOURS: tuple[Flavour, ...] = (
-    Flavour("llama3", "8B", "llama3_8b", "llama3-8b"),
-    Flavour("llama3", "70B", "llama3_70b", "llama3-70b"),
-    # llama3_405b builds Float8Linear unconditionally: bf16 plans start from llama3_70b's recipe
-    Flavour("llama3", "405B", "llama3_405b", "llama3.1-405b", bf16_config_fn="llama3_70b"),
-    Flavour("qwen3", "30B-A3B", "qwen3_30b_a3b", "qwen3-30b-a3b"),
-    Flavour("deepseek_v3", "671B", "deepseek_v3_671b", "deepseek-v3", (("rope_scaling.mscale_all_dim", 1.0),)),
-)
-_SHAPE_FIELDS = ("num_layers", "hidden_size", "num_attention_heads", "kv_heads", "head_size", "ffn_hidden_size",
-                 "vocab_size", "activation", "normalization", "position_embedding", "qkv_bias", "attn_out_bias",
-                 "mlp_bias", "qk_norm", "mla")
-_MOE_SHAPE_FIELDS = ("num_experts", "top_k", "expert_ffn_hidden_size", "num_shared_experts",
-                     "shared_expert_ffn_hidden_size", "first_k_dense", "layer_freq", "shared_expert_gate")
-
-
-def _shape(spec: ModelSpec) -> tuple:
-    moe = tuple(getattr(spec.moe, f) for f in _MOE_SHAPE_FIELDS) if spec.moe else None
-    return tuple(getattr(spec, f) for f in _SHAPE_FIELDS) + (moe,)
-
-
-def flavour_for(spec: ModelSpec) -> Flavour | None:
-    """The registry flavour whose architecture `spec` has (by shape, whatever the model is called)."""
-    from autopar.model.presets import preset
-
-    shape = _shape(spec)
-    return next((f for f in FLAVOURS if _shape(preset(f.preset)) == shape), None)
-
-
-def no_flavour_reason(spec: ModelSpec) -> str | None:
-    """Why torchtitan cannot build `spec` at all (None = a registry flavour has its shape)."""
-    if flavour_for(spec) is not None:
-        return None
-    known = ", ".join(f"{f.module} {f.flavor} ({f.preset})" for f in FLAVOURS)
-    return (f"{spec.name} has the shape of no torchtitan 0.3 model_registry flavour, so no config_registry entry "
-            f"builds it (torchtitan builds models from Python configs, not flags); supported: {known}")
-
 
 def _config_for(pf: PlanFile, plan: ParallelPlan) -> Flavour:
     reason = no_flavour_reason(pf.target.model_spec)
@@ -106,61 +53,10 @@ def _config_for(pf: PlanFile, plan: ParallelPlan) -> Flavour:
     return flavour_for(pf.target.model_spec)
 
 
-def _model_refusals(spec: ModelSpec) -> list[str]:
-    """What the generated config module cannot set on the registry flavour."""
-    out = []
-    if spec.sliding_window is not None:
-        out.append(f"sliding window {spec.sliding_window}: torchtitan's attention configs have no window; export "
-                   "to megatron")
-    if spec.rotary_percent != 1.0:
-        out.append(f"rotary percent {spec.rotary_percent}: torchtitan rotates the whole head dim")
-    sc = spec.rope_scaling
-    if sc is not None and sc.type == "yarn" and sc.mscale != sc.mscale_all_dim:
-        out.append(f"YaRN mscale {sc.mscale} != mscale_all_dim {sc.mscale_all_dim}: torchtitan's RoPE has no "
-                   "cos/sin magnitude scaling")
-    flavour = flavour_for(spec)
-    for path, value in flavour.fixed if flavour else ():
-        head, _, attr = path.partition(".")
-        got = getattr(getattr(spec, head), attr) if attr and getattr(spec, head) is not None else None
-        if got is not None and got != value:
-            out.append(f"{path} {got}: torchtitan's {flavour.module} {flavour.flavor} fixes it at {value}")
-    return out
-
-
 def torchtitan_refusals(pf: PlanFile, plan: ParallelPlan) -> list[str]:
-    """Every reason torchtitan 0.3 cannot run `plan` (empty = exportable)."""
-    reason = no_flavour_reason(pf.target.model_spec)
-    if reason:
-        return [reason]
-    out = _model_refusals(pf.target.model_spec)
-    # The search calls this per candidate: the shard degrees read here do not depend on the node size.
-    spec, layout = pf.target.model_spec, plan_layout(pf, plan, DEFAULT_GPUS_PER_NODE)
-    if spec.mtp_layers:
-        out.append(f"{spec.mtp_layers} MTP layer(s): torchtitan's {spec.name} config builds no MTP module and no "
-                   "flag adds one; export to megatron")
-    if plan.zero == 0 and plan.cp > 1:
-        out.append("zero 0 with cp > 1: torchtitan always shards parameters over dp_shard·cp (FSDP over the cp "
-                   "ranks); use zero 2 or 3")
-    if plan.zero == 0 and plan.zero_shard_size is not None:
-        out.append("zero_shard_size with zero 0: nothing is sharded; drop it or use zero 2/3")
-    shard = 1 if plan.zero == 0 else layout.dp_shard
-    if plan.ep > 1 and (shard * plan.cp * plan.tp) % plan.ep:
-        out.append(f"ep {plan.ep} must divide dp_shard·cp·tp = {shard}·{plan.cp}·{plan.tp} (torchtitan borrows "
-                   "expert ranks from FSDP and TP); change ep or the sharding")
-    if spec.moe is not None and plan.expert_tp != (1 if plan.ep > 1 else plan.tp):
-        out.append(f"etp {plan.expert_tp}: torchtitan shards experts by ep alone when ep > 1 (etp 1) and by tp when "
-                   "ep = 1 (etp = tp); set etp accordingly")
-    if spec.moe is not None and plan.ep > 1 and plan.moe_dispatcher != "alltoall":
-        out.append("moe dispatcher allgather: torchtitan dispatches tokens to experts with all-to-all")
-    if plan.moe_capacity_factor is not None:
-        out.append("moe capacity factor: torchtitan's MoE is dropless; drop the capacity factor")
-    if plan.cp > 1 and plan.cp_comm_type != "allgather":
-        out.append(f"cp_comm_type {plan.cp_comm_type}: torchtitan's context parallelism all-gathers K/V (torch's "
-                   "default rotate method); plan cp_comm_type allgather")
-    if plan.recompute.mode == RecomputeMode.FULL and plan.recompute.num_layers is not None:
-        out.append(f"full recompute of {plan.recompute.num_layers} layers per stage: torchtitan checkpoints every "
-                   "block or none; use full recompute of every layer")
-    return out
+    """Every reason torchtitan 0.3 cannot run `plan` (empty = exportable): the framework's own
+    refusals (autopar.frameworks.torchtitan), which the search filters by."""
+    return plan_refusals(pf.target.model_spec, pf.target.gpus, plan)
 
 
 def _dp_args(plan: ParallelPlan, layout: Layout) -> list[str]:

@@ -56,7 +56,8 @@ from autopar.inputs import load_inputs
 from autopar.model.graph import ModelGraph
 from autopar.report.records import estimate_to_dict, plan_to_dict
 from autopar.report.tables import gib, seconds
-from autopar.schema.plan import FRAMEWORK_ZERO_STAGES, Framework, ParallelPlan, Recompute, RecomputeMode
+from autopar.frameworks import framework_spec
+from autopar.schema.plan import Framework, ParallelPlan, Recompute, RecomputeMode
 
 COMM_AXES = ("tp_comm", "cp_comm", "ep_comm")
 STEP_WIDE = ("pp_comm", "dp_comm", "optimizer")
@@ -294,7 +295,7 @@ def recompute_steps(r: Recompute) -> list[Recompute]:
 
 def zero_steps(zero: int, framework: Framework) -> list[int]:
     """The ZeRO stages next below and above `zero` that `framework` supports."""
-    stages = FRAMEWORK_ZERO_STAGES[framework]
+    stages = framework_spec(framework).zero_stages
     lower = [z for z in stages if z < zero]
     higher = [z for z in stages if z > zero]
     return ([lower[-1]] if lower else []) + ([higher[0]] if higher else [])

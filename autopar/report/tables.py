@@ -69,10 +69,10 @@ def print_inspect(console: Console, info: dict[str, Any]) -> None:
 
 
 def _fp8_casts_note(plan) -> str:
-    """How a torchtitan fp8 plan's linears cast (autopar.cost.frameworks, fp8_casts), for the header."""
+    """How a torchtitan fp8 plan's linears cast (autopar.frameworks, fp8_casts), for the header."""
     if str(plan.precision) != "fp8" or str(plan.framework) != "torchtitan":
         return ""
-    from autopar.cost.frameworks import framework_profile  # only for torchtitan fp8 plans
+    from autopar.frameworks import framework_profile  # only for torchtitan fp8 plans
 
     recipe = framework_profile(plan.framework, plan.framework_release).fp8_casts
     return f" ({recipe.replace('_', ' ')} float8 casts)"
@@ -265,8 +265,8 @@ def print_compare(console: Console, entries) -> None:
 
 
 def _elementwise_kernels(plan) -> str:
-    """How the plan's framework runs the elementwise ops (autopar.cost.frameworks, elementwise)."""
-    from autopar.cost.frameworks import framework_profile  # only when two plans' kernels may differ
+    """How the plan's framework runs the elementwise ops (autopar.frameworks, elementwise)."""
+    from autopar.frameworks import framework_profile  # only when two plans' kernels may differ
 
     kind = framework_profile(plan.framework, plan.framework_release).elementwise
     if kind == "compile":

@@ -2,9 +2,12 @@
 exporters name it. Axis names (tp pp dp cp ep etp vpp mbs zero sp recompute) are the same in
 every place a user sees them.
 
-Defaults follow what a Megatron-LM user gets when they say nothing: sp on with tp > 1, the
-distributed optimizer (zero 1), selective recompute of core attention, bf16, gradient-reduce and
-parameter-gather overlap on, TP communication overlap off.
+A plan is resolved when it is built: what its framework does by default is written into it
+(autopar.frameworks: the ZeRO stage, the context-parallel exchange, torch.compile), and a field
+that means nothing for the plan is normalised (the CP exchange at cp = 1), so every command and
+exporter reads one object and two equal layouts compare equal. Otherwise the defaults are what a
+Megatron-LM user gets when they say nothing: sp on with tp > 1, selective recompute of core
+attention, bf16, gradient-reduce and parameter-gather overlap on, TP communication overlap off.
 """
 
 from __future__ import annotations
@@ -15,9 +18,6 @@ from typing import Any, Literal
 from pydantic import BaseModel, ConfigDict, Field, model_validator
 
 from autopar.choices import (  # noqa: F401 (re-exported: they were defined here; no Pydantic there, for the CLI)
-    FRAMEWORK_DEFAULT_ZERO,
-    FRAMEWORK_OLDER_RELEASES,
-    FRAMEWORK_ZERO_STAGES,
     FRAMEWORKS,
     Framework,
     Precision,
@@ -25,6 +25,8 @@ from autopar.choices import (  # noqa: F401 (re-exported: they were defined here
     default_zero,
 )
 from autopar.errors import InvalidPlanError
+from autopar.frameworks import framework_spec
+from autopar.schema.rules import Context, violations
 from autopar.limits import MAX_GLOBAL_BATCH, MAX_GPUS, MAX_LAYERS, MAX_SEQ_LEN, clip, clip_repr
 from autopar.schema.types import Count, Flag, Real
 
@@ -70,11 +72,13 @@ class Recompute(BaseModel):
         return cls.model_construct(mode=RecomputeMode(mode), modules=modules, num_layers=num_layers)
 
     def label(self, framework: str | None = None) -> str:
-        """none, selective(modules), full(K) or full; under torchtitan, whose selective AC is its per-op
-        policy whatever the modules say (autopar.cost.frameworks), selective(op), its option's name."""
+        """none, selective(modules), full(K) or full; under a framework whose selective recompute is one
+        policy whatever the modules say (torchtitan's per-op AC: autopar.frameworks), its name."""
+        if framework is not None:
+            own = framework_spec(framework).selective_label
+            if own is not None and self.mode == RecomputeMode.SELECTIVE:
+                return own
         if self.mode == RecomputeMode.SELECTIVE:
-            if framework is not None and str(framework) == "torchtitan":
-                return "selective(op)"
             return "selective(" + "+".join(self.modules) + ")"
         if self.mode == RecomputeMode.FULL and self.num_layers is not None:
             return f"full({self.num_layers})"
@@ -95,7 +99,8 @@ class ParallelPlan(BaseModel):
     mbs: Count = Field(1, ge=1, le=MAX_GLOBAL_BATCH, description="Micro-batch size (sequences).")
     global_batch: Count = Field(..., ge=1, le=MAX_GLOBAL_BATCH, description="Global batch size (sequences).")
     seq_len: Count = Field(..., ge=1, le=MAX_SEQ_LEN, description="Training sequence length (tokens).")
-    zero: Count = Field(1, ge=0, le=3, description="ZeRO stage: 1 = Megatron distributed optimizer, 3 = FSDP full shard.")
+    zero: Count = Field(1, ge=0, le=3, description="ZeRO stage: 1 = Megatron distributed optimizer, 3 = FSDP full "
+                        "shard; when not given, the framework's default (megatron and deepspeed 1, torchtitan 3).")
     zero_shard_size: Count | None = Field(None, ge=1, le=MAX_GPUS, description="Hybrid sharding group size; None = all of dp.")
     sp: Flag | None = Field(None, description="Sequence parallelism; None = on when tp > 1.")
     recompute: Recompute = Field(default_factory=Recompute, description="Activation recomputation.")
@@ -106,7 +111,8 @@ class ParallelPlan(BaseModel):
     tp_comm_overlap: Flag = Field(False, description="Overlap TP communication with GEMMs (needs sp).")
     cp_comm_type: Literal["p2p", "a2a", "allgather"] = Field(
         "p2p", description="Context-parallel attention (Megatron --cp-comm-type): p2p ring with K/V exchange "
-        "overlapped, a2a (Ulysses: heads scattered, needs kv heads / tp divisible by cp), allgather of K/V.")
+        "overlapped, a2a (Ulysses: heads scattered, needs kv heads / tp divisible by cp), allgather of K/V; "
+        "when not given, and always at cp 1, the framework's default (torchtitan allgather, else p2p).")
     moe_dispatcher: Literal["alltoall", "allgather"] = Field(
         "alltoall", description="MoE token dispatcher (Megatron --moe-token-dispatcher-type).")
     moe_load_imbalance: Real | None = Field(
@@ -121,8 +127,8 @@ class ParallelPlan(BaseModel):
     framework: Framework = Field(Framework.MEGATRON, description="Target framework.")
     torch_compile: Flag | None = Field(
         None, description="torch.compile each transformer block (torchtitan --compile.enable), fusing its norms, "
-        "RoPE and activation; false = eager PyTorch, op by op; None = on, as autopar exports it. torchtitan only: "
-        "Megatron-LM runs fused kernels and DeepSpeed the Hugging Face model's eager code whatever is set.")
+        "RoPE and activation; false = eager PyTorch, op by op; not given = on, as autopar exports it. torchtitan "
+        "only (None elsewhere): Megatron-LM runs fused kernels and DeepSpeed the Hugging Face model's eager code.")
     grad_reduce_in_bf16: Flag = Field(
         False, description="Keep and reduce the main gradients in bf16 instead of fp32 (Megatron "
         "--grad-reduce-in-bf16; NeMo optim.grad_sync_dtype bf16). Megatron only.")
@@ -138,21 +144,43 @@ class ParallelPlan(BaseModel):
 
     @model_validator(mode="before")
     @classmethod
-    def _default_param_gather(cls, data):
-        """Without a sharded optimizer there is no parameter all-gather to overlap, and Megatron
-        refuses --overlap-param-gather without --use-distributed-optimizer."""
-        if isinstance(data, dict) and data.get("overlap_param_gather") is None:
-            zero = data.get("zero", 1)
-            data = {**data, "overlap_param_gather": not isinstance(zero, int) or isinstance(zero, bool) or zero >= 1}
-        return data
+    def _resolve(cls, data):
+        """The framework's defaults written into the plan (autopar.frameworks): the ZeRO stage, the CP
+        exchange (normalised at cp = 1) and torch.compile when not given; the parameter-gather overlap
+        on exactly when parameters are gathered (Megatron refuses --overlap-param-gather without
+        --use-distributed-optimizer). A value of the wrong type is left for validation to refuse."""
+        if not isinstance(data, dict):
+            return data
+        try:
+            spec = framework_spec(data.get("framework", Framework.MEGATRON))
+        except (KeyError, TypeError):
+            return data  # an unknown framework: the field's validation names the choices
+        out = dict(data)
+        if out.get("zero") is None:
+            out["zero"] = spec.default_zero
+        cp = out.get("cp", 1)
+        if out.get("cp_comm_type") is None or cp == 1:
+            out["cp_comm_type"] = spec.default_cp_comm_type
+        if out.get("torch_compile") is None:
+            out["torch_compile"] = spec.default_torch_compile
+        if out.get("overlap_param_gather") is None:
+            zero = out["zero"]
+            out["overlap_param_gather"] = not isinstance(zero, int) or isinstance(zero, bool) or zero >= 1
+        return out
 
     @classmethod
     def trusted(cls, **fields: Any) -> "ParallelPlan":
         """A plan from axes the search generated and checked (every value already of its validated
         type and in range: ints, enum members, a trusted Recompute), built without the validator;
-        absent fields take their defaults, as in validation. Equal to ParallelPlan(**fields) on
-        every candidate of several search spaces (tests/test_plan_trusted.py)."""
-        return cls.model_construct(**cls._default_param_gather(fields))
+        absent fields take their defaults, resolved as in validation. Equal to ParallelPlan(**fields)
+        on every candidate of several search spaces (tests/test_plan_trusted.py)."""
+        return cls.model_construct(**cls._resolve(fields))
+
+    def changed(self, **changes: Any) -> "ParallelPlan":
+        """This plan with `changes`, validated and resolved again (model_copy(update=...) would skip
+        both: a plan moved to another framework would keep the old one's defaults unresolved)."""
+        fields = {name: getattr(self, name) for name in type(self).model_fields}
+        return type(self)(**{**fields, **changes})
 
     def plan_json(self) -> dict[str, Any]:
         """model_dump(mode="json") without Pydantic's serializer (so without building it): fields
@@ -208,100 +236,9 @@ def _json_value(v: Any) -> Any:
 
 def plan_violations(plan: ParallelPlan, num_gpus: int, num_layers: int, num_heads: int, num_kv_heads: int,
                     num_experts: int = 0, gpus_per_node: int | None = None) -> list[str]:
-    """Every broken invariant of `plan`, each naming all its factors and the fix. Empty = valid."""
-    out: list[str] = []
-    mp = plan.model_parallel_size()
-    if num_gpus % mp:
-        out.append(f"tp·pp·cp = {plan.tp}·{plan.pp}·{plan.cp} = {mp} does not divide {num_gpus} GPUs; "
-                   "pick degrees whose product divides the GPU count")
-        return out
-    dp = num_gpus // mp
-    if num_heads % plan.tp or num_kv_heads % plan.tp:
-        out.append(f"tp {plan.tp} must divide the {num_heads} attention heads and the {num_kv_heads} kv heads "
-                   "(Megatron: num_query_groups % tp == 0); use a tp that divides both")
-    if plan.global_batch % (dp * plan.mbs):
-        out.append(f"global batch {plan.global_batch} is not divisible by dp·mbs = {dp}·{plan.mbs} = {dp * plan.mbs}; "
-                   "change the global batch, the micro batch or the degrees")
-    if plan.vpp > 1 and plan.pp == 1:
-        out.append(f"vpp {plan.vpp} needs pp > 1 (interleaving splits each pipeline rank); set vpp 1 or pp > 1")
-    if num_layers % (plan.pp * plan.vpp) and plan.framework == Framework.DEEPSPEED:
-        out.append(f"{num_layers} layers do not split evenly over pp·vpp = {plan.pp}·{plan.vpp}; "
-                   f"{plan.framework} needs an even split")
-    if plan.layers_per_stage is not None and (
-            len(plan.layers_per_stage) != plan.pp * plan.vpp or sum(plan.layers_per_stage) != num_layers):
-        out.append(f"layers_per_stage {list(plan.layers_per_stage)} must have pp·vpp = {plan.pp * plan.vpp} "
-                   f"entries summing to the {num_layers} layers; fix the list or drop it")
-    if num_layers < plan.pp * plan.vpp:
-        out.append(f"{num_layers} layers are fewer than pp·vpp = {plan.pp * plan.vpp} stages; lower pp or vpp")
-    if plan.vpp > 1 and plan.global_batch % (dp * plan.mbs) == 0 and plan.num_microbatches(num_gpus) % plan.pp:
-        out.append(f"interleaving needs the number of microbatches ({plan.num_microbatches(num_gpus)}) to be a "
-                   f"multiple of pp ({plan.pp}); change the global batch or use vpp 1")
-    if plan.sp is True and plan.tp == 1:
-        out.append("sequence parallelism needs tp > 1 (Megatron ignores --sequence-parallel at tp 1); drop --sp")
-    if plan.tp_comm_overlap and not plan.sequence_parallel:
-        out.append("tp communication overlap needs sequence parallelism (Megatron: --tp-comm-overlap needs "
-                   "--sequence-parallel); enable sp or drop the overlap")
-    if plan.cp > 1 and plan.cp_comm_type == "a2a" and (num_kv_heads // max(plan.tp, 1)) % plan.cp:
-        out.append(f"cp_comm_type a2a scatters heads over cp: the {num_kv_heads} kv heads / tp {plan.tp} are not "
-                   f"divisible by cp {plan.cp}; use p2p or allgather, or a cp that divides them")
-    if plan.cp > 1 and plan.seq_len % (2 * plan.cp):
-        out.append(f"sequence length {plan.seq_len} must be divisible by 2·cp = {2 * plan.cp} "
-                   "(causal load balancing); change cp or the sequence length")
-    out += _expert_violations(plan, num_gpus, num_experts)
-    out += _framework_violations(plan, dp)
-    if gpus_per_node and plan.tp > gpus_per_node:
-        out.append(f"tp {plan.tp} exceeds the {gpus_per_node} GPUs of a node; tensor parallelism must stay in a node")
-    return out
-
-
-def _expert_violations(plan: ParallelPlan, num_gpus: int, num_experts: int) -> list[str]:
-    out = []
-    if not num_experts:
-        if plan.ep > 1 or (plan.etp is not None and plan.etp != plan.tp):
-            out.append("ep/etp are for MoE models; this model is dense, so set ep 1 and leave etp unset")
-        return out
-    if num_experts % plan.ep:
-        out.append(f"ep {plan.ep} does not divide the {num_experts} experts; use a divisor of {num_experts}")
-    expert_mp = plan.expert_tp * plan.ep * plan.pp
-    if num_gpus % expert_mp:
-        out.append(f"etp·ep·pp = {plan.expert_tp}·{plan.ep}·{plan.pp} = {expert_mp} does not divide {num_gpus} GPUs "
-                   "(Megatron's expert data-parallel group); change ep or etp")
-    return out
-
-
-def _framework_violations(plan: ParallelPlan, dp: int) -> list[str]:
-    out = []
-    stages = FRAMEWORK_ZERO_STAGES[plan.framework]
-    if plan.zero not in stages:
-        out.append(f"zero {plan.zero} is not available in {plan.framework} (it supports {stages}); pick one of those")
-    if plan.zero_shard_size is not None and (plan.zero_shard_size > dp or dp % plan.zero_shard_size):
-        out.append(f"zero shard size {plan.zero_shard_size} must divide dp {dp}; pick a divisor of {dp}")
-    if plan.framework == Framework.DEEPSPEED and (plan.cp > 1 or plan.ep > 1 or plan.vpp > 1):
-        out.append("deepspeed's engine has no cp, ep or interleaved pipeline; use megatron or set cp, ep, vpp to 1")
-    if plan.framework == Framework.DEEPSPEED and plan.pp > 1 and plan.zero > 1:
-        out.append("deepspeed pipeline parallelism works only with zero 0 or 1; lower zero or set pp 1")
-    if plan.grad_reduce_in_bf16 and plan.framework != Framework.MEGATRON:
-        out.append(f"grad_reduce_in_bf16 is Megatron's --grad-reduce-in-bf16; {plan.framework} sets its gradient "
-                   "dtype itself, so turn grad_reduce_in_bf16 off")
-    if not plan.moe_grouped_gemm and plan.framework != Framework.MEGATRON:
-        out.append(f"moe_grouped_gemm is Megatron's --moe-grouped-gemm; {plan.framework} always groups its experts' "
-                   "GEMMs, so leave moe_grouped_gemm on")
-    if (not plan.moe_grouped_gemm and plan.recompute.mode == RecomputeMode.SELECTIVE
-            and "moe_act" in plan.recompute.modules):
-        out.append("Megatron recomputes moe_act only with --moe-grouped-gemm; turn moe_grouped_gemm on or drop moe_act")
-    if plan.torch_compile is not None and plan.framework != Framework.TORCHTITAN:
-        kernels = "fused kernels" if plan.framework == Framework.MEGATRON else "the Hugging Face model's eager code"
-        out.append(f"torch_compile is torchtitan's --compile.enable; {plan.framework} runs {kernels} whatever it "
-                   "says, so leave torch_compile unset (drop --torch-compile / --no-torch-compile)")
-    if plan.torch_compile is False and plan.framework == Framework.TORCHTITAN and (plan.tp_comm_overlap or
-                                                                             plan.precision == Precision.FP8):
-        out.append("torchtitan's async TP and float8 linears are priced compiled only (async TP is a compile pass; "
-                   "float8's casts are fused by it); turn torch_compile on (drop --no-torch-compile) or drop tp_comm_overlap and fp8")
-    releases = FRAMEWORK_OLDER_RELEASES[plan.framework]
-    if plan.framework_release is not None and plan.framework_release not in releases:
-        out.append(f"{plan.framework} has no release profile {plan.framework_release!r} (it has "
-                   f"{', '.join(releases) or 'none'}); leave framework_release unset")
-    return out
+    """Every broken invariant of `plan`, each naming all its factors and the fix. Empty = valid.
+    The rules are declared once, in autopar.schema.rules, with the fields each reads."""
+    return violations(Context(num_gpus, num_layers, num_heads, num_kv_heads, num_experts, gpus_per_node), plan)
 
 
 _INT_AXES = ("tp", "pp", "dp", "cp", "ep", "etp", "vpp", "mbs", "zero")

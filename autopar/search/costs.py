@@ -44,7 +44,7 @@ from operator import add, itemgetter, sub
 from autopar.caching import cached_property
 from autopar.cost import memory
 from autopar.cost.layer import layer_cost
-from autopar.cost.frameworks import framework_profile
+from autopar.frameworks import framework_profile
 from autopar.cost.layout import Layout
 from autopar.cost.params import CostParams, for_framework
 from autopar.cost.pipeline import pipeline_step_s

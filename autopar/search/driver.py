@@ -42,7 +42,8 @@ from autopar.errors import NoFeasiblePlanError
 from autopar.hardware import Cluster
 from autopar.inputs import load_cluster, load_model, resolve_cost_model
 from autopar.model.graph import ModelGraph
-from autopar.schema.plan import FRAMEWORK_ZERO_STAGES, Framework, ParallelPlan, Precision, Recompute, RecomputeMode
+from autopar.frameworks import framework_spec
+from autopar.schema.plan import Framework, ParallelPlan, Precision, Recompute, RecomputeMode
 from autopar.search.costs import Pricer, stage_inputs, stage_memory_model
 from autopar.search.ilp import recompute_problem, solve_recompute
 from autopar.search.partition import partition_layers
@@ -564,7 +565,7 @@ def _nothing_fits_message(spec: SpaceSpec, pricer: Pricer, walk: _Walk, memory_m
     fixes = [more, "a shorter sequence or smaller global batch"]
     if plan.recompute.mode != RecomputeMode.FULL or plan.recompute.num_layers is not None:
         fixes.append("full recompute (fix recompute=full)")
-    higher = [z for z in FRAMEWORK_ZERO_STAGES[spec.framework] if z > plan.zero]
+    higher = [z for z in framework_spec(spec.framework).zero_stages if z > plan.zero]
     fixes.append(f"ZeRO {higher[-1]}" if higher else
                  "a framework with ZeRO 3 (deepspeed, torchtitan)" if spec.framework == Framework.MEGATRON else "")
     if memory_margin > 0:

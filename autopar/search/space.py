@@ -10,7 +10,7 @@ Axes and what each generator allows (Megatron-LM conventions, Narayanan et al. S
   etp  tp or 1 (MoE only; None = tp)
   vpp  1, or v ≥ 2 with pp·v ≤ layers, microbatches % pp == 0 and an even split (see vpp_options)
   mbs  divisors of global_batch / dp
-  zero the stages the framework supports (FRAMEWORK_ZERO_STAGES)
+  zero the stages the framework searches (its FrameworkSpec, autopar.frameworks)
   sp   on when tp > 1 (Megatron's MoE and TP-overlap need it; it never costs memory)
   recompute  none, selective(core_attn), full (all layers); the ILP refines full(K)
 
@@ -29,8 +29,9 @@ from typing import Any, NamedTuple
 from autopar.cost.step import DEFAULT_MEMORY_MARGIN  # noqa: F401 (re-exported: the one margin)
 from autopar.errors import InvalidPlanError, NoFeasiblePlanError
 from autopar.limits import MAX_EXPERTS, MAX_GLOBAL_BATCH, MAX_GPUS, MAX_HEADS, MAX_SEQ_LEN, clip
-from autopar.schema.plan import FRAMEWORK_ZERO_STAGES, Framework, ParallelPlan, Precision, Recompute, RecomputeMode, \
-    plan_violations
+from autopar.frameworks import framework_spec, model_refusals, plan_refusals
+from autopar.schema.plan import Framework, ParallelPlan, Precision, Recompute, RecomputeMode, plan_violations
+from autopar.schema.rules import Context, is_valid, rules_by_level
 
 AXES = ("tp", "pp", "dp", "cp", "ep", "etp", "vpp", "mbs", "zero", "sp", "recompute")
 RECOMPUTE_CHOICES = {
@@ -112,6 +113,8 @@ def _pinned(spec: SpaceSpec, axis: str, options: list) -> list:
 
 
 def tp_options(spec: SpaceSpec) -> list[int]:
+    if not framework_spec(spec.framework).offers_tp:
+        return _pinned(spec, "tp", [1])
     cap = min(spec.gpus_per_node, spec.max_tp or spec.gpus_per_node)
     heads = math.gcd(spec.num_heads, spec.num_kv_heads)
     return _pinned(spec, "tp", [d for d in divisors(heads) if d <= cap and spec.num_gpus % d == 0])
@@ -123,12 +126,14 @@ def pp_options(spec: SpaceSpec) -> list[int]:
 
 def cp_options(spec: SpaceSpec) -> list[int]:
     """cp = 1, or divisors with seq_len % (2·cp) == 0 that leave each CP rank ≥ MIN_TOKENS_PER_CP_RANK."""
+    if not framework_spec(spec.framework).cp_comm_types:
+        return _pinned(spec, "cp", [1])
     return _pinned(spec, "cp", [d for d in divisors(spec.num_gpus) if d == 1 or (
         spec.seq_len % (2 * d) == 0 and spec.seq_len // d >= MIN_TOKENS_PER_CP_RANK)])
 
 
 def ep_options(spec: SpaceSpec, tp: int, pp: int) -> list[int]:
-    if not spec.num_experts:
+    if not spec.num_experts or not framework_spec(spec.framework).offers_ep:
         return _pinned(spec, "ep", [1])
     return _pinned(spec, "ep", [e for e in divisors(spec.num_experts) if spec.num_gpus % (e * pp) == 0])
 
@@ -150,7 +155,7 @@ def vpp_options(spec: SpaceSpec, pp: int, num_microbatches: int) -> list[int]:
     that the first and/or last stage (embedding, head) may hold one layer fewer — Llama 3's 405B
     balancing (Dubey et al. 2024 §3.3.2). Other v give uneven middle stages and are left out."""
     out = [1]
-    if pp > 1 and num_microbatches % pp == 0:
+    if pp > 1 and num_microbatches % pp == 0 and framework_spec(spec.framework).offers_interleaving:
         layers = spec.num_layers
         out += [v for v in range(2, layers // pp + 1) if any((layers + k) % (pp * v) == 0 for k in (0, 1, 2))]
     return _pinned(spec, "vpp", out)
@@ -162,10 +167,7 @@ def zero_options(spec: SpaceSpec) -> list[int]:
     parameter re-gather, so it multiplied the plans the search scores (about 5x on Llama 3.1 405B,
     16,384 GPUs) while zero 2 (optim_grads: gradients sharded at the distributed optimizer's
     communication) wins the benchmark cases."""
-    stages = FRAMEWORK_ZERO_STAGES[spec.framework]
-    if spec.framework == Framework.MEGATRON:
-        stages = tuple(z for z in stages if z < 3)
-    return _pinned(spec, "zero", list(stages))
+    return _pinned(spec, "zero", list(framework_spec(spec.framework).searched_zero_stages))
 
 
 def sp_options(spec: SpaceSpec, tp: int) -> list[bool | None]:
@@ -227,7 +229,6 @@ class Draft(NamedTuple):
     moe_load_imbalance = ParallelPlan.model_fields["moe_load_imbalance"].default
     moe_capacity_factor = ParallelPlan.model_fields["moe_capacity_factor"].default
     moe_grouped_gemm = True  # what autopar exports (--moe-grouped-gemm)
-    torch_compile = None  # the framework's default: compiled torchtitan (fp8 and async TP need it)
 
     expert_tp = _PLAN_ATTRS["expert_tp"]
     sequence_parallel = _PLAN_ATTRS["sequence_parallel"]
@@ -236,6 +237,11 @@ class Draft(NamedTuple):
     dp_for = _PLAN_ATTRS["dp_for"]
     num_microbatches = _PLAN_ATTRS["num_microbatches"]
     layout = _PLAN_ATTRS["layout"]
+
+    @property
+    def torch_compile(self) -> bool | None:
+        """ParallelPlan's resolution: the framework's default (compiled torchtitan, None elsewhere)."""
+        return framework_spec(self.framework).default_torch_compile
 
     @property
     def overlap_param_gather(self) -> bool:
@@ -259,35 +265,10 @@ DRAFT_MBS, DRAFT_GLOBAL_BATCH, DRAFT_FRAMEWORK = (Draft._fields.index(name)
 
 def draft_is_valid(d: Draft, num_gpus: int, num_layers: int, num_heads: int, num_kv_heads: int,
                    num_experts: int = 0, gpus_per_node: int | None = None) -> bool:
-    """`not plan_violations(d, ...)` for a Draft, without building the messages: the same checks in
-    the same arithmetic on the tuple's fields (the ones a Draft pins at ParallelPlan's defaults:
-    zero_shard_size, layers_per_stage, tp_comm_overlap, grad_reduce_in_bf16, framework_release,
-    can break no rule and are not read). valid_bases runs it on every base (~57K for Qwen3-235B);
-    tests/test_space_fastpath.py checks it against plan_violations on every base of several spaces."""
-    tp, pp, cp, ep, etp, vpp, mbs, zero, sp, _, global_batch, seq_len, _, framework, cp_comm_type = d
-    mp = tp * pp * cp
-    if num_gpus % mp:
-        return False
-    dp = num_gpus // mp
-    if num_heads % tp or num_kv_heads % tp or global_batch % (dp * mbs):
-        return False
-    stages = pp * vpp
-    deepspeed = framework == Framework.DEEPSPEED
-    if (vpp > 1 and (pp == 1 or (global_batch // (dp * mbs)) % pp)) or num_layers < stages \
-            or (deepspeed and num_layers % stages):
-        return False
-    if (sp is True and tp == 1) or (gpus_per_node and tp > gpus_per_node):
-        return False
-    if cp > 1 and (seq_len % (2 * cp) or (cp_comm_type == "a2a" and (num_kv_heads // max(tp, 1)) % cp)):
-        return False
-    if not num_experts:
-        if ep > 1 or (etp is not None and etp != tp):
-            return False
-    elif num_experts % ep or num_gpus % ((etp if etp is not None else tp) * ep * pp):
-        return False
-    if zero not in FRAMEWORK_ZERO_STAGES[framework]:
-        return False
-    return not (deepspeed and (cp > 1 or ep > 1 or vpp > 1 or (pp > 1 and zero > 1)))
+    """`not plan_violations(d, ...)` for a Draft, without building the messages: the same rules
+    (autopar.schema.rules), read off the tuple's fields. tests/test_space_fastpath.py checks it
+    against plan_violations on every base of several spaces."""
+    return is_valid(Context(num_gpus, num_layers, num_heads, num_kv_heads, num_experts, gpus_per_node), d)
 
 
 def as_plan(plan: ParallelPlan | Draft) -> ParallelPlan:
@@ -297,7 +278,7 @@ def as_plan(plan: ParallelPlan | Draft) -> ParallelPlan:
 def _recompute_free(spec: SpaceSpec) -> Iterator[Draft]:
     """One draft per combination of every axis but recompute (which the validator never reads)."""
     first = recompute_options(spec)[0]
-    consts = (spec.global_batch, spec.seq_len, spec.precision, spec.framework, _CP_COMM_TYPE[spec.framework])
+    consts = _draft_constants(spec)
     zeros = zero_options(spec)
     vpps: dict[tuple[int, int], list[int]] = {}  # (pp, microbatches) -> vpp_options
     for tp, pp, cp, dp in model_parallel_degrees(spec):
@@ -315,47 +296,84 @@ def _recompute_free(spec: SpaceSpec) -> Iterator[Draft]:
                                 yield tuple.__new__(Draft, (tp, pp, cp, ep, etp, vpp, mbs, zero, sp, first, *consts))
 
 
+def _draft_constants(spec: SpaceSpec) -> tuple:
+    """The Draft fields after recompute, which the space does not vary."""
+    return (spec.global_batch, spec.seq_len, spec.precision, spec.framework,
+            framework_spec(spec.framework).default_cp_comm_type)
+
+
+# Loop depth of each searched axis in _valid_recompute_free (dp comes with tp, pp and cp); every
+# other plan field is a constant of the loops (a Draft's pinned default or the spec's).
+_LEVELS = {"tp": 0, "pp": 0, "cp": 0, "mbs": 1, "ep": 2, "etp": 3, "vpp": 4, "zero": 5, "sp": 6, "recompute": 7}
+_RULES_BY_LEVEL = rules_by_level(_LEVELS)
+
+
+class _Bindings:
+    """The axes bound so far in _valid_recompute_free's loops, with a Draft's constants, read by the
+    rules as they read a plan (autopar.schema.rules)."""
+
+    __slots__ = ("tp", "pp", "cp", "mbs", "ep", "etp", "vpp", "zero", "sp", "recompute", "global_batch", "seq_len",
+                 "precision", "framework", "cp_comm_type", "zero_shard_size", "layers_per_stage", "tp_comm_overlap",
+                 "framework_release", "grad_reduce_in_bf16", "moe_grouped_gemm", "torch_compile")
+
+    def __init__(self, spec: SpaceSpec, recompute: Recompute) -> None:
+        self.recompute = recompute
+        self.global_batch, self.seq_len, self.precision, self.framework, self.cp_comm_type = _draft_constants(spec)
+        for name in ("zero_shard_size", "layers_per_stage", "tp_comm_overlap", "framework_release",
+                     "grad_reduce_in_bf16", "moe_grouped_gemm"):
+            setattr(self, name, getattr(Draft, name))
+        self.torch_compile = framework_spec(spec.framework).default_torch_compile  # as Draft.torch_compile
+
+
 def _valid_recompute_free(spec: SpaceSpec) -> Iterator[Draft]:
-    """The drafts of _recompute_free that draft_is_valid accepts, in the same order: each of its
-    rules is checked at the loop level whose axes it reads, so a failing rule skips the whole
-    subtree instead of one check per draft (~57K for Qwen3-235B; tests/test_space_fastpath.py
-    checks the two agree draft for draft)."""
-    num_gpus, num_layers, heads, kv = spec.num_gpus, spec.num_layers, spec.num_heads, spec.num_kv_heads
-    experts, per_node = spec.num_experts, spec.gpus_per_node
+    """The drafts of _recompute_free that draft_is_valid accepts, in the same order: each rule
+    (autopar.schema.rules) is checked at the loop level of the deepest axis it reads
+    (_RULES_BY_LEVEL), so a failing rule skips the whole subtree instead of one check per draft
+    (~57K for Qwen3-235B; tests/test_space_fastpath.py checks the two agree draft for draft)."""
+    c = Context(**spec.validator_kwargs())
     first = recompute_options(spec)[0]
-    gbs, seq, framework, cp_comm = spec.global_batch, spec.seq_len, spec.framework, _CP_COMM_TYPE[spec.framework]
-    consts = (gbs, seq, spec.precision, framework, cp_comm)
-    deepspeed = framework == Framework.DEEPSPEED
-    zeros = [z for z in zero_options(spec) if z in FRAMEWORK_ZERO_STAGES[framework]]
+    b = _Bindings(spec, first)
+    rules = _RULES_BY_LEVEL
+    if not all(r.ok(c, b) for r in rules.get(-1, ())):
+        return
+    at_mp, at_mbs, at_ep, at_etp, at_vpp, at_zero, at_sp = (rules.get(level, ()) for level in range(7))
+    consts = _draft_constants(spec)
+    zeros = zero_options(spec)
     vpps: dict[tuple[int, int], list[int]] = {}  # (pp, microbatches) -> vpp_options
     for tp, pp, cp, dp in model_parallel_degrees(spec):
-        if num_gpus % (tp * pp * cp) or heads % tp or kv % tp or (per_node and tp > per_node):
+        b.tp, b.pp, b.cp = tp, pp, cp
+        if not all(r.ok(c, b) for r in at_mp):
             continue
-        if cp > 1 and (seq % (2 * cp) or (cp_comm == "a2a" and (kv // max(tp, 1)) % cp)):
-            continue
-        sps = [sp for sp in sp_options(spec, tp) if not (sp is True and tp == 1)]
+        sps = sp_options(spec, tp)
         etps = etp_options(spec, tp)
         for mbs in mbs_options(spec, dp):
-            m = gbs // (dp * mbs) if dp * mbs else 0
+            m = spec.global_batch // (dp * mbs) if dp * mbs else 0
             if (pp, m) not in vpps:
                 vpps[pp, m] = vpp_options(spec, pp, m)
-            if gbs % (dp * mbs):
+            b.mbs = mbs
+            if not all(r.ok(c, b) for r in at_mbs):
                 continue
-            vpp_ok = [v for v in vpps[pp, m] if not ((v > 1 and (pp == 1 or m % pp)) or num_layers < pp * v
-                                                     or (deepspeed and num_layers % (pp * v)))]
             for ep in ep_options(spec, tp, pp):
+                b.ep = ep
+                if not all(r.ok(c, b) for r in at_ep):
+                    continue
                 for etp in etps:
-                    if not experts:
-                        if ep > 1 or (etp is not None and etp != tp):
-                            continue
-                    elif experts % ep or num_gpus % ((etp if etp is not None else tp) * ep * pp):
+                    b.etp = etp
+                    if not all(r.ok(c, b) for r in at_etp):
                         continue
-                    for vpp in vpp_ok:
+                    for vpp in vpps[pp, m]:
+                        b.vpp = vpp
+                        if not all(r.ok(c, b) for r in at_vpp):
+                            continue
                         for zero in zeros:
-                            if deepspeed and (cp > 1 or ep > 1 or vpp > 1 or (pp > 1 and zero > 1)):
+                            b.zero = zero
+                            if not all(r.ok(c, b) for r in at_zero):
                                 continue
                             for sp in sps:
-                                yield tuple.__new__(Draft, (tp, pp, cp, ep, etp, vpp, mbs, zero, sp, first, *consts))
+                                b.sp = sp
+                                if all(r.ok(c, b) for r in at_sp):
+                                    yield tuple.__new__(Draft, (tp, pp, cp, ep, etp, vpp, mbs, zero, sp, first,
+                                                                *consts))
 
 
 def raw_candidates(spec: SpaceSpec) -> Iterator[Draft]:
@@ -386,11 +404,6 @@ def count_raw_candidates(spec: SpaceSpec) -> int:
     return total
 
 
-# How each framework exchanges K/V under context parallelism: Megatron's ring (p2p) by default,
-# torchtitan all-gathers K/V (torch's context_parallel), DeepSpeed has no CP.
-_CP_COMM_TYPE = {Framework.MEGATRON: "p2p", Framework.DEEPSPEED: "p2p", Framework.TORCHTITAN: "allgather"}
-
-
 def candidates(spec: SpaceSpec) -> list[ParallelPlan]:
     """The flat list of valid candidates. When nothing is valid, raise InvalidPlanError (with
     `fix`: it quotes the validator on a pinned combination) or NoFeasiblePlanError (without)."""
@@ -415,27 +428,25 @@ def with_recompute(base: Draft, recompute: Recompute) -> Draft:
 def valid_bases(spec: SpaceSpec) -> list[tuple[Draft, tuple[Recompute, ...]]]:
     """Each valid combination of every axis but recompute, with the recompute choices valid for it
     (`candidate_bases` without building a Draft per choice: the search builds them for the
-    families it expands)."""
-    out = []
-    refuses = spec.framework != Framework.MEGATRON and spec.model_spec is not None
+    families it expands). A model the framework cannot train at all is refused first, before any
+    plan is generated (refuse_model)."""
+    refuse_model(spec)
     count = count_raw_candidates(spec)
     if count > MAX_RAW_CANDIDATES:
         raise InvalidPlanError(f"the search space has {count:,} candidate plans on {spec.num_gpus:,} GPUs, over the "
                                f"{MAX_RAW_CANDIDATES:,} a search takes; pin axes with --fix (e.g. mbs=1,vpp=1) or "
                                "lower --max-tp, the GPU count or the global batch")
     all_options = tuple(recompute_options(spec))
-    for base in _valid_recompute_free(spec):  # draft_is_valid's verdict; the validator does not read recompute
-        variants = all_options
-        if refuses:
-            kept = []
-            for r in variants:
-                if not framework_problems(spec, with_recompute(base, r).to_plan()):
-                    kept.append(r)
-            variants = tuple(kept)
+    c = Context(**spec.validator_kwargs())
+    per_recompute = _RULES_BY_LEVEL.get(7, ())
+    refusals = framework_spec(spec.framework).plan_refusals if spec.model_spec is not None else None
+    out = []
+    for base in _valid_recompute_free(spec):  # draft_is_valid's verdict up to the recompute choice
+        variants = tuple(r for r in all_options if _recompute_ok(c, spec, base, r, per_recompute, refusals))
         if variants:
             out.append((base, variants))
     if not out:
-        first_problem = _first_problem(spec, all_options, refuses)  # in enumeration order, as the error quotes it
+        first_problem = _first_problem(spec, all_options)  # in enumeration order, as the error quotes it
         pinned = ", ".join(f"{k}={v.label() if isinstance(v, Recompute) else v}" for k, v in spec.fix.items())
         why = "; ".join(first_problem) if first_problem else _why_empty(spec)
         error = InvalidPlanError if pinned else NoFeasiblePlanError
@@ -443,28 +454,43 @@ def valid_bases(spec: SpaceSpec) -> list[tuple[Draft, tuple[Recompute, ...]]]:
     return out
 
 
-def _first_problem(spec: SpaceSpec, options: tuple[Recompute, ...], refuses: bool) -> list[str] | None:
-    """The first refusal in enumeration order: the validator's messages for an invalid base, or
-    the framework's for a valid base's recompute choice (None when nothing was refused)."""
+def _recompute_ok(c: Context, spec: SpaceSpec, base: Draft, r: Recompute, rules, refusals) -> bool:
+    """The rules that read recompute, then the framework's refusals, for `base` with recompute `r`."""
+    d = with_recompute(base, r)
+    return all(rule.ok(c, d) for rule in rules) and not (refusals and refusals(spec.model_spec, spec.num_gpus, d))
+
+
+def refuse_model(spec: SpaceSpec) -> None:
+    """NoFeasiblePlanError when the framework cannot train the model in any layout (torchtitan: no
+    registry flavour has its shape, or it has MTP layers), with that reason alone."""
+    if spec.model_spec is None:
+        return
+    reasons = model_refusals(spec.framework, spec.model_spec)
+    if reasons:
+        raise NoFeasiblePlanError(f"{spec.framework} cannot train {clip(spec.model_spec.name)} in any layout: "
+                               + "; ".join(reasons) + f"; plan it with another --framework")
+
+
+def _first_problem(spec: SpaceSpec, options: tuple[Recompute, ...]) -> list[str] | None:
+    """The first refusal in enumeration order: the validator's messages for an invalid base or
+    recompute choice, or the framework's refusals (None when nothing was refused)."""
     kwargs = spec.validator_kwargs()
     for base in _recompute_free(spec):
         if not draft_is_valid(base, **kwargs):
             return plan_violations(base, **kwargs)
-        for r in options if refuses else ():
-            problems = framework_problems(spec, with_recompute(base, r).to_plan())
+        for r in options:
+            problems = plan_problems(spec, with_recompute(base, r))
             if problems:
                 return problems
     return None
 
 
-def framework_problems(spec: SpaceSpec, plan: ParallelPlan) -> list[str]:
-    """The target framework's export refusals of `plan`: the very function the exporters refuse
-    with (autopar.export.framework_refusals); empty under Megatron, whose rules are the validator's."""
-    if spec.framework == Framework.MEGATRON or spec.model_spec is None:
+def framework_problems(spec: SpaceSpec, plan) -> list[str]:
+    """The target framework's refusals of `plan` (a plan or a Draft): the very function the exporters
+    refuse with (autopar.frameworks.plan_refusals)."""
+    if spec.model_spec is None:
         return []
-    from autopar.export import framework_refusals  # local: export imports the cost model
-
-    return framework_refusals(spec.model_spec, spec.num_gpus, plan)
+    return plan_refusals(spec.model_spec, spec.num_gpus, plan)
 
 
 def plan_problems(spec: SpaceSpec, plan: ParallelPlan) -> list[str]:

@@ -119,7 +119,7 @@ _SOURCE_TO_FRAMEWORK = {
     "vtrain-multi": "deepspeed",
 }
 # Source -> the older framework release its runs used, where autopar has a profile for it
-# (autopar.cost.frameworks.FRAMEWORK_RELEASES). narayanan21-zero3: arXiv 2104.04473 v1 (April 2021)
+# (autopar.frameworks.FRAMEWORK_RELEASES). narayanan21-zero3: arXiv 2104.04473 v1 (April 2021)
 # came out weeks after ZeRO-3's first release (DeepSpeed v0.3.13, March 2021): DeepSpeed 0.3.
 # torchtitan-2412: the benchmark file's own versions table (torchtitan 9dec370, torchao eab345c).
 # vtrain-*: Megatron-DeepSpeed's GPT (module docstring), not a Hugging Face model.

@@ -19,6 +19,7 @@ from statistics import median
 
 from autopar.cost.params import CostParams
 from autopar.cost.step import estimate
+from autopar.frameworks import framework_spec
 from autopar.hardware import Cluster, load_cluster
 from autopar.model import ModelGraph, build_graph
 from autopar.schema.model import ModelSpec, MoESpec
@@ -133,8 +134,7 @@ def candidate_plans(run: MeasuredRun, graph: ModelGraph) -> list[ParallelPlan]:
     overlap_options = [False, True] if run.tp > 1 and run.source.startswith(("nemo", "megatron")) else [False]
     zero = run.zero_stage if run.zero_stage is not None else (1 if run.framework == "megatron" else 0)
     ep_options = _ep_options(run, graph, dp)
-    # torchtitan's context parallelism (torch's context_parallel) rotates K/V by all-gather by default.
-    cp_comm = "allgather" if run.framework == "torchtitan" else "p2p"
+    cp_comm = framework_spec(run.framework).default_cp_comm_type  # torchtitan all-gathers K/V
     plans = []
     for mbs, rec, sp, vpp, overlap, ep in itertools.product(mbs_options, recompute_options, sp_options, vpp_options,
                                                             overlap_options, ep_options):

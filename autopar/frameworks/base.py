@@ -1,0 +1,150 @@
+"""What a training framework is, as autopar needs it: one FrameworkSpec per framework, defined in
+that framework's own module (autopar/frameworks/megatron.py, deepspeed.py, torchtitan.py) and
+registered once in autopar/frameworks/__init__.py. Nothing else in autopar keys behaviour on a
+framework's name: the plan's defaults, the search space, the plan rules, the cost model's kernels
+and memory policy, and the exporter and importer are all read from the spec.
+
+Plain frozen dataclasses and functions (no Pydantic, no NumPy): the CLI and the search's hot loops
+read them. Exporters and importers are named by dotted path ("module:function") and imported on
+first use, so the frameworks sit below the cost model, which reads their profiles, while their
+exporters sit above it.
+"""
+
+from __future__ import annotations
+
+import importlib
+from dataclasses import dataclass, field
+from typing import Any, Callable
+
+ZERO_STATES = ("optimizer", "gradients", "weights")  # what ZeRO stages 1, 2, 3 add to the sharded set
+
+
+@dataclass(frozen=True, slots=True)
+class FrameworkProfile:
+    """What the cost model reads of a framework release (sources in each framework's module)."""
+
+    name: str
+    version: str
+    attention_kernel_by_arch: tuple[tuple[str, str], ...]  # (GPU architecture, kernel family)
+    selective_policy: str  # "modules" (Megatron list) | "op_sac" (torchtitan per-op policy)
+    fused_cross_entropy: bool
+    persistent_gradients: bool
+    fp8_one_byte_saved_inputs: bool
+    gather_unit: str  # "module" | "block": granularity of ZeRO-3/FSDP parameter all-gathers
+    gathers_under_full_recompute: int  # parameter all-gathers per microbatch with full recompute
+    prefetch_depth: int  # chunks gathered ahead of the one computing
+    prefetch_max_params: float | None = None  # a unit larger than this is not prefetched (None = any)
+    persistence_threshold_params: float = 0.0  # parameters smaller than this are never partitioned
+    synchronous_gathers: bool = False  # every parameter gather waits for the device: no prefetch overlap
+    per_rank_copies: bool = False  # ZeRO-3 collectives copy each rank's slice with its own kernel
+    gathered_bytes_per_unit_param: float = 4.0  # unsharded bytes alive per parameter of the largest gather unit
+    cp_ring: str = "te"  # "te": Transformer Engine's CP attention | "torch": PyTorch's ring (fp32 merge, dK/dV ring)
+    cp_repeats_kv_heads: bool = False  # CP moves K/V repeated to the query heads (GQA expanded before SDPA)
+    cp_comm_overlapped: bool = True  # CP transfers run behind attention (False: waited where issued)
+    tp_backward_overlap: bool = False  # sp backward: input re-gather / dgrad reduce-scatter behind dgrad / wgrad
+    elementwise: str = "fused"  # norms, RoPE, activation: "fused" kernels | "eager" op by op | "compile": per plan
+    fp8_casts: str = "te"  # how fp8 linears cast their operands (autopar.cost.layer.FP8_CAST_RECIPES)
+    pipeline_scatter_gather: bool = False  # pp sends split over tp without sp, all-gathered on receipt
+
+    def attention_kernel(self, arch: str) -> str:
+        return dict(self.attention_kernel_by_arch).get(arch, "fa2")
+
+
+@dataclass(frozen=True, slots=True)
+class FrameworkSpec:
+    """Everything autopar knows of one framework. A new framework provides one of these (see
+    tests/test_frameworks.py, which registers a made-up one and checks the contract)."""
+
+    name: str  # the Framework value: --framework NAME, the plan's `framework`
+    title: str  # for people: "Megatron-LM (Megatron-Core)"
+    # --- axes and defaults
+    zero_stages: tuple[int, ...]  # ZeRO stages it offers
+    default_zero: int  # the stage a plan gets when none is named
+    zero_sharded: tuple[tuple[int, tuple[str, ...]], ...]  # stage -> the states it shards (ZERO_STATES)
+    searched_zero_stages: tuple[int, ...]  # the stages the search tries unless one is pinned
+    cp_comm_types: tuple[str, ...]  # context-parallel K/V exchanges offered (empty: no CP)
+    default_cp_comm_type: str  # what a plan carries when none is named, and at cp = 1
+    offers_tp: bool = True
+    offers_ep: bool = True
+    offers_interleaving: bool = True  # vpp > 1
+    offers_fp8: bool = True
+    even_layer_split: bool = False  # pipeline stages must hold equal layer counts
+    max_zero_with_pp: int | None = None  # highest ZeRO stage allowed together with pp > 1
+    default_torch_compile: bool | None = None  # None: not a choice of this framework (refused when set)
+    grad_reduce_in_bf16_settable: bool = False
+    sequential_experts_settable: bool = False  # moe_grouped_gemm may be turned off
+    selective_label: str | None = None  # None: "selective(modules)"; else the one policy's label
+    # --- memory policy
+    state_bytes_per_param: tuple[float, float, float] = (2.0, 4.0, 12.0)  # weights, gradients, optimizer
+    zero2_keeps_weights_gathered: bool = False  # stage 2 shards all states and keeps the bf16 weights twice
+    layer_split: str = "megatron"  # default split of uneven layer counts: "megatron" | "torchtitan"
+    tied_embedding_copy_with_pp: bool = False  # tied embeddings keep a second copy on the last stage
+    # --- cost profile of the current releases and older releases that behaved differently
+    profile: FrameworkProfile | None = None
+    releases: tuple[tuple[str, FrameworkProfile], ...] = ()
+    # --- what it cannot express: model-level (checked before any search) and plan-level
+    model_refusals: Callable[[Any], list[str]] = field(default=lambda spec: [])
+    plan_refusals: Callable[[Any, int, Any], list[str]] = field(default=lambda spec, gpus, plan: [])
+    # --- files: dotted "module:function" paths, imported on first use
+    exporter: str = ""  # (PlanFile) -> {file name: text}
+    importer: str | None = None  # (source, ...) -> ParallelPlan
+
+    # ------------------------------------------------------------------ derived
+    def cost_profile(self, release: str | None = None) -> FrameworkProfile:
+        """The profile of the current releases, or of an older `release`."""
+        if release is None:
+            return self.profile
+        return dict(self.releases)[release]
+
+    @property
+    def release_names(self) -> tuple[str, ...]:
+        return tuple(name for name, _ in self.releases)
+
+    def sharded_states(self, zero: int) -> tuple[str, ...]:
+        """The model states stage `zero` shards under this framework."""
+        return dict(self.zero_sharded)[zero]
+
+    def recompute_label(self, recompute) -> str:
+        """How this framework names the recompute a plan asks for (its option's words)."""
+        if self.selective_label is not None and str(recompute.mode) == "selective":
+            return self.selective_label
+        return recompute.label()
+
+    def resolved_torch_compile(self, value: bool | None) -> bool | None:
+        """A plan's torch_compile with this framework's default filled in (unchanged when set)."""
+        return self.default_torch_compile if value is None else value
+
+    def resolved_cp_comm_type(self, value: str | None, cp: int) -> str:
+        """The CP exchange the plan carries: its own at cp > 1, else this framework's default (at
+        cp = 1 there is no exchange; the field is normalised so equal plans compare equal)."""
+        return self.default_cp_comm_type if value is None or cp == 1 else value
+
+    def export_files(self, plan_file) -> dict[str, str]:
+        return _resolve(self.exporter)(plan_file)
+
+
+def _resolve(path: str) -> Callable[..., Any]:
+    module, _, name = path.partition(":")
+    return getattr(importlib.import_module(module), name)
+
+
+def check_spec(spec: FrameworkSpec) -> list[str]:
+    """What a FrameworkSpec is missing or gets inconsistent (empty = a complete framework)."""
+    out = []
+    if not spec.name or spec.name != spec.name.lower():
+        out.append(f"name {spec.name!r} must be a lower-case word")
+    if spec.default_zero not in spec.zero_stages:
+        out.append(f"default ZeRO {spec.default_zero} is not among its stages {spec.zero_stages}")
+    if not set(spec.searched_zero_stages) <= set(spec.zero_stages):
+        out.append(f"searched ZeRO stages {spec.searched_zero_stages} are not all offered {spec.zero_stages}")
+    if sorted(dict(spec.zero_sharded)) != sorted(spec.zero_stages):
+        out.append("zero_sharded must say what every offered stage shards")
+    if spec.cp_comm_types and spec.default_cp_comm_type not in spec.cp_comm_types:
+        out.append(f"default CP exchange {spec.default_cp_comm_type} is not among {spec.cp_comm_types}")
+    if spec.profile is None:
+        out.append("no cost profile")
+    if spec.layer_split not in ("megatron", "torchtitan"):
+        out.append(f"unknown layer split {spec.layer_split!r}")
+    if ":" not in spec.exporter:
+        out.append("no exporter ('module:function')")
+    return out

@@ -1,0 +1,71 @@
+"""Megatron-LM (Megatron-Core with Transformer Engine): what a Megatron user gets.
+
+Axes: tp, pp with interleaving (vpp), cp (Transformer Engine's --cp-comm-type p2p / a2a /
+allgather), ep and etp, sequence parallelism. ZeRO: 1 is the distributed optimizer
+(--use-distributed-optimizer), 2 and 3 are Megatron-FSDP (--data-parallel-sharding-strategy
+optim_grads / optim_grads_params). The search leaves stage 3 out unless it is pinned
+(autopar.search.space.zero_options says why).
+
+Cost profile, per field (sources):
+- attention kernel: Megatron-Core runs Transformer Engine's DotProductAttention, whose default
+  backend on Hopper is cuDNN's fused flash attention and on Ampere flash-attn 2 (TE 1.x docs,
+  "Attention backends"). `autopar profile` measurements override every family.
+- selective recompute: --recompute-granularity selective drops the tensors of the listed modules
+  (Korthikanti et al. 2022 §5).
+- loss: the vocab-parallel cross-entropy works in place on the fp32 logits.
+- gradients: an fp32 main-grad buffer (--accumulate-allreduce-grads-in-fp32), resident; bytes per
+  parameter of (weights, gradients, optimizer) 2 + 4 + 12 = 18 (Megatron-LM docs,
+  distrib_optimizer.md); with --grad-reduce-in-bf16 (mcore DistributedDataParallelConfig
+  grad_reduce_in_fp32 False; NeMo optim.grad_sync_dtype bf16) the gradient buffer is bf16.
+- fp8: Transformer Engine saves the fp8 casts (1 byte) of GEMM inputs for the weight gradient, casts
+  input and output gradient with fused cast-transpose kernels and caches the weights' casts over
+  the step's microbatches ("te"); the output layer and the router run in bf16.
+- parameter gathers (Megatron-FSDP): one transformer block at a time with one block of prefetch,
+  the recompute of a checkpointed block inside its unsharded backward (two gathers); it holds the
+  computing block and the prefetched one in bf16 (4 bytes per block parameter).
+- TP backward under sequence parallelism: the column-parallel linear
+  (megatron/core/tensor_parallel/layers.py LinearWithGradAccumulationAndAsyncCommunication, since
+  the sequence-parallel work of 2022; Transformer Engine's Linear does the same) saves its sp-split
+  input, re-gathers it with an async all-gather behind the dgrad GEMM and launches the input
+  gradient's reduce-scatter async behind the wgrad GEMM.
+- context parallelism: handed to Transformer Engine's attention, which moves K/V with their own
+  (grouped) heads, overlapped with the attention steps.
+- elementwise kernels: fused norms (Transformer Engine / Apex), RoPE (--apply-rope-fusion, on by
+  default) and bias-activation (--bias-swiglu-fusion / --bias-gelu-fusion, on by default).
+- tied embeddings under pp > 1 keep a second copy of the embedding on the last stage
+  (shared_embedding all-reduce).
+- release "pre-core", Megatron-LM before Megatron-Core's pipeline (commit 27fc468 of January 2021
+  to 3c92fa9 of March 2023; the SC'21 and 2022 runs): without sequence parallelism a
+  stage-boundary send is split over the tp ranks and all-gathered on receipt
+  (p2p_communication.py, scatter_gather_tensors_in_pipeline; Narayanan et al. SC'21 §4.1);
+  Megatron-Core sends the whole tensor.
+"""
+
+from __future__ import annotations
+
+from dataclasses import replace
+
+from autopar.frameworks.base import FrameworkProfile, FrameworkSpec
+
+PROFILE = FrameworkProfile(
+    name="megatron", version="Megatron-Core 0.8-0.16 with Transformer Engine 1.x",
+    attention_kernel_by_arch=(("ampere", "fa2"), ("hopper", "cudnn"), ("blackwell", "cudnn")),
+    selective_policy="modules", fused_cross_entropy=True, persistent_gradients=True,
+    fp8_one_byte_saved_inputs=True, gather_unit="block", gathers_under_full_recompute=2, prefetch_depth=1,
+    tp_backward_overlap=True)
+
+PRE_CORE = replace(PROFILE, version="Megatron-LM of 2021-22, before Megatron-Core's pipeline (March 2023)",
+                   pipeline_scatter_gather=True)
+
+SPEC = FrameworkSpec(
+    name="megatron", title="Megatron-LM (Megatron-Core)",
+    zero_stages=(0, 1, 2, 3), default_zero=1,
+    zero_sharded=((0, ()), (1, ("optimizer",)), (2, ("optimizer", "gradients")),
+                  (3, ("optimizer", "gradients", "weights"))),
+    searched_zero_stages=(0, 1, 2),
+    cp_comm_types=("p2p", "a2a", "allgather"), default_cp_comm_type="p2p",
+    grad_reduce_in_bf16_settable=True, sequential_experts_settable=True,
+    state_bytes_per_param=(2.0, 4.0, 12.0), tied_embedding_copy_with_pp=True,
+    profile=PROFILE, releases=(("pre-core", PRE_CORE),),
+    exporter="autopar.export:megatron_files", importer="autopar.export.importers:plan_from_megatron_args",
+)
