@@ -128,18 +128,13 @@ _FORBIDDEN = {
 }
 
 
-# Being removed: the search asks autopar.export for a framework's refusals (search/space.py), which
-# autopar/frameworks/ takes over. Drop the entry when it lands.
-_KNOWN = {("autopar.search.space", "autopar.export")}
-
-
 def test_each_layer_imports_nothing_above_it():
     edges = import_edges()
     for layer, above in _FORBIDDEN.items():
         members = [m for m in edges if m.startswith(layer)]
         assert members, layer
         for mod in members:
-            bad = sorted(t for t in edges[mod] if _under(t, above) and (mod, t) not in _KNOWN)
+            bad = sorted(t for t in edges[mod] if _under(t, above))
             assert not bad, f"{mod} imports {bad}"
 
 
