@@ -1,4 +1,5 @@
-"""Rich tables for the CLI. Pure rendering: every number comes from autopar.api."""
+"""Rich tables for the CLI. Pure rendering: every number comes from autopar.api, but for an
+estimate's error band, looked up in the shipped bands (autopar.validate.bands)."""
 
 from __future__ import annotations
 
