@@ -12,6 +12,7 @@ from typing import TYPE_CHECKING, Any
 from autopar.cost.layout import check_layout
 from autopar.cost.memory import model_state_bytes
 from autopar.cost.step import DEFAULT_MEMORY_MARGIN, Estimate, estimate
+from autopar.frameworks import framework_spec
 from autopar.hardware import Cluster, cluster_rows, list_clusters, load_profile  # noqa: F401 (re-exported)
 from autopar.inputs import (  # noqa: F401 (re-exported)
     load_cluster, load_model, load_target_model, make_plan, plan_from_fields, resolve_cost_model)
@@ -48,10 +49,10 @@ def inspect(model: str, seq_len: int | None = None, dp: int = 1, framework: Fram
                                                       "elementwise": layer.elementwise_flops_per_token},
                           "activation_bytes_per_token": sum(acts.values()),
                           "activation_bytes_per_token_by_tensor": acts})
-    zero = {}
-    for stage in (0, 1, 2, 3):
-        fw = Framework.DEEPSPEED if framework == Framework.MEGATRON and stage > 1 else framework
-        zero[str(stage)] = sum(model_state_bytes(g.total_params, fw, stage, dp).values())
+    # Every stage the framework offers, with the bytes that framework keeps (Megatron's 2 and 3 are
+    # Megatron-FSDP's: the fp32 main gradients stay 4 bytes), exactly as estimate charges them.
+    zero = {str(stage): sum(model_state_bytes(g.total_params, framework, stage, dp).values())
+            for stage in framework_spec(framework).zero_stages}
     return {
         "model": g.spec.name, "source": g.spec.source, "seq_len": s,
         "total_params": g.total_params, "active_params": g.active_params,

@@ -14,7 +14,7 @@ import typer
 import typer.core
 from typer.core import TyperCommand, TyperGroup
 
-from autopar.choices import DEFAULT_MEMORY_MARGIN, Framework, Precision, RecomputeMode, default_zero
+from autopar.choices import DEFAULT_MEMORY_MARGIN, Framework, Precision, RecomputeMode
 from autopar.cli_coercion import FastParams
 from autopar.errors import AutoparError
 from autopar.limits import MAX_GLOBAL_BATCH, MAX_GPUS, MAX_LAYERS, MAX_SEQ_LEN, clip
@@ -223,7 +223,7 @@ def inspect(
 # What an imported config decides, so an option beside --from-megatron/--from-deepspeed would be ignored.
 _IMPORT_DECIDES = ("global_batch", "tp", "pp", "cp", "ep", "etp", "vpp", "mbs", "zero", "sp", "recompute",
                    "recompute_layers", "recompute_modules", "precision", "framework", "tp_comm_overlap",
-                   "torch_compile")
+                   "torch_compile", "cp_comm_type", "layers_per_stage")
 
 
 def _refuse_ignored_layout(ctx: typer.Context, source: str) -> None:
@@ -234,6 +234,16 @@ def _refuse_ignored_layout(ctx: typer.Context, source: str) -> None:
     if given:
         names = ", ".join(p.opts[0] for p in given)
         fail(f"{source} sets the layout, so {names} would be ignored; drop {names}, or edit the imported config")
+
+
+def _int_list(text: str | None, option: str) -> tuple[int, ...] | None:
+    """'10,10,11,9' -> (10, 10, 11, 9), with a one-line error for anything else."""
+    if text is None:
+        return None
+    parts = [x.strip() for x in text.split(",")]
+    if not parts or not all(x.isascii() and x.isdigit() and len(x) <= 7 for x in parts):
+        fail(f"{option} {clip(text)!r} must be whole numbers separated by commas, e.g. 10,10,11,9")
+    return tuple(int(x) for x in parts)
 
 
 @app.command()
@@ -262,6 +272,8 @@ def estimate(
     framework: FrameworkOpt = Framework.MEGATRON.value,
     tp_comm_overlap: Annotated[bool, typer.Option("--tp-comm-overlap/--no-tp-comm-overlap", help="Overlap TP communication with GEMMs (needs sp).")] = False,
     torch_compile: Annotated[Optional[bool], typer.Option("--torch-compile/--no-torch-compile", help="torchtitan: compile each block (fused norms, RoPE, activation; the default); off = eager PyTorch.")] = None,
+    cp_comm_type: Annotated[Optional[str], typer.Option("--cp-comm-type", help="Context-parallel K/V exchange (Megatron --cp-comm-type): p2p, a2a or allgather; default: the framework's (torchtitan allgather, else p2p).", callback=_choice(("p2p", "a2a", "allgather"), "--cp-comm-type"))] = None,
+    layers_per_stage: Annotated[Optional[str], typer.Option("--layers-per-stage", help="Decoder layers of each virtual stage in execution order, comma-separated (pp·vpp entries), as plan lists them; default: an even split.")] = None,
     memory_margin: MarginOpt = DEFAULT_MEMORY_MARGIN,
     cost_model: CostModelOpt = None,
     as_json: JsonOpt = False,
@@ -279,10 +291,11 @@ def estimate(
         seq = seq_len or api.load_model(model).spec.seq_length
         plan = api.make_plan(
             tp=tp, pp=pp, cp=cp, ep=ep, etp=etp, vpp=vpp, mbs=mbs, global_batch=global_batch, seq_len=seq,
-            zero=zero if zero is not None else default_zero(framework), sp=sp,
+            zero=zero, sp=sp,
             recompute={"mode": recompute, "modules": tuple(m for m in recompute_modules.split(",") if m),
                        "num_layers": recompute_layers},
-            precision=precision, framework=framework, tp_comm_overlap=tp_comm_overlap, torch_compile=torch_compile)
+            precision=precision, framework=framework, tp_comm_overlap=tp_comm_overlap, torch_compile=torch_compile,
+            cp_comm_type=cp_comm_type, layers_per_stage=_int_list(layers_per_stage, "--layers-per-stage"))
         return plan, api.estimate_plan(model, cluster, gpus, plan, cost_model, memory_margin)
 
     plan, est = _run(run)

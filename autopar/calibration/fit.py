@@ -242,7 +242,7 @@ _A100_FLASH_NOTE = ("The A100 runs all use unfused attention; flash-attention ra
                     "attention_kernels table (FlashAttention-2 paper), not from the fit.")
 _H100_FLASH_NOTE = ("Attention rates per kernel family (fa2, cudnn, fa3) come from the file's attention_kernels "
                     "table (FlashAttention-3 paper figures), not from the fit; the framework profile picks the "
-                    "family (autopar/cost/frameworks.py).")
+                    "family (autopar/frameworks/).")
 VTRAIN_SINGLE_FIT_STRIDE = 4  # fit on every 4th single-node fit row: 225 rows carry its shapes
 
 
