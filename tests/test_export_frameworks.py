@@ -286,6 +286,8 @@ TITAN_PLANS = {
     "8b ddp": lambda: titan("llama3-8b", 16, global_batch=64, mbs=2, seq_len=4096, zero=0),
     "8b fsdp eager": lambda: titan("llama3-8b", 8, global_batch=16, mbs=2, seq_len=8192, zero=3, torch_compile=False),
     "qwen3 moe ep": lambda: titan("qwen3-30b-a3b", 32, tp=2, ep=8, etp=1, global_batch=64, seq_len=4096, zero=2),
+    "qwen3 235b ep pp": lambda: titan("qwen3-235b-a22b", 1024, pp=4, ep=32, etp=1, global_batch=1024, seq_len=4096,
+                                      zero=3, recompute=Recompute(mode="full")),
 }
 
 

@@ -119,6 +119,10 @@ FLAVOURS: tuple[Flavour, ...] = (
             bf16_config_fn="llama3_70b"),
     Flavour("qwen3", "30B-A3B", "qwen3_30b_a3b", "qwen3-30b-a3b",
             _registry_shape(48, 2048, 32, 4, 128, 6144, 151936, qk_norm=True, moe=(128, 8, 768, 0, 0, 0, 1, False))),
+    # 235B-A22B is in qwen3's model_registry with no config_registry recipe of its own: it trains from
+    # 30B-A3B's recipe with the model swapped (the generated module sets config.model_spec)
+    Flavour("qwen3", "235B-A22B", "qwen3_30b_a3b", "qwen3-235b-a22b",
+            _registry_shape(94, 4096, 64, 4, 128, 12288, 151936, qk_norm=True, moe=(128, 8, 1536, 0, 0, 0, 1, False))),
     Flavour("deepseek_v3", "671B", "deepseek_v3_671b", "deepseek-v3",
             _registry_shape(61, 7168, 128, 128, 56, 18432, 129280, mla=(1536, 512, 128, 64, 128),
                             moe=(256, 8, 2048, 1, 2048, 3, 1, False)),
