@@ -15,8 +15,8 @@ REGISTRY: dict[str, FrameworkSpec] = {s.name: s for s in (megatron.SPEC, deepspe
 
 
 def framework_spec(name: str) -> FrameworkSpec:
-    """The spec of framework `name` (a Framework member or its value)."""
-    return REGISTRY[str(name)]
+    """The spec of framework `name` (a Framework member or its value: a StrEnum hashes as its value)."""
+    return REGISTRY[name]
 
 
 def framework_profile(name: str, release: str | None = None) -> FrameworkProfile:

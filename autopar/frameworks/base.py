@@ -13,10 +13,20 @@ exporters sit above it.
 from __future__ import annotations
 
 import importlib
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from typing import Any, Callable
 
 ZERO_STATES = ("optimizer", "gradients", "weights")  # what ZeRO stages 1, 2, 3 add to the sharded set
+
+
+def no_model_refusals(model_spec) -> list[str]:
+    """A framework that can train every model autopar builds."""
+    return []
+
+
+def no_plan_refusals(model_spec, gpus: int, plan) -> list[str]:
+    """A framework whose limits are all plan rules (autopar.schema.rules): Megatron's."""
+    return []
 
 
 @dataclass(frozen=True, slots=True)
@@ -83,8 +93,8 @@ class FrameworkSpec:
     profile: FrameworkProfile | None = None
     releases: tuple[tuple[str, FrameworkProfile], ...] = ()
     # --- what it cannot express: model-level (checked before any search) and plan-level
-    model_refusals: Callable[[Any], list[str]] = field(default=lambda spec: [])
-    plan_refusals: Callable[[Any, int, Any], list[str]] = field(default=lambda spec, gpus, plan: [])
+    model_refusals: Callable[[Any], list[str]] = no_model_refusals
+    plan_refusals: Callable[[Any, int, Any], list[str]] = no_plan_refusals
     # --- files: dotted "module:function" paths, imported on first use
     exporter: str = ""  # (PlanFile) -> {file name: text}
     importer: str | None = None  # (source, ...) -> ParallelPlan

@@ -143,7 +143,8 @@ def no_flavour_reason(spec) -> str | None:
         return None
     known = ", ".join(f"{f.module} {f.flavor} ({f.preset})" for f in FLAVOURS)
     return (f"{spec.name} has the shape of no torchtitan 0.3 model_registry flavour, so no config_registry entry "
-            f"builds it (torchtitan builds models from Python configs, not flags); supported: {known}")
+            f"builds it (torchtitan builds models from Python configs, not flags; supported: {known}); use "
+            "--framework megatron")
 
 
 def model_refusals(spec) -> list[str]:
@@ -154,8 +155,8 @@ def model_refusals(spec) -> list[str]:
         return [reason]
     out = []
     if spec.sliding_window is not None:
-        out.append(f"sliding window {spec.sliding_window}: torchtitan's attention configs have no window; export "
-                   "to megatron")
+        out.append(f"sliding window {spec.sliding_window}: torchtitan's attention configs have no window; use "
+                   "--framework megatron")
     if spec.rotary_percent != 1.0:
         out.append(f"rotary percent {spec.rotary_percent}: torchtitan rotates the whole head dim")
     sc = spec.rope_scaling
@@ -170,7 +171,7 @@ def model_refusals(spec) -> list[str]:
             out.append(f"{path} {got}: torchtitan's {flavour.module} {flavour.flavor} fixes it at {value}")
     if spec.mtp_layers:
         out.append(f"{spec.mtp_layers} MTP layer(s): torchtitan's {spec.name} config builds no MTP module and no "
-                   "flag adds one; export to megatron")
+                   "flag adds one; use --framework megatron")
     return out
 
 

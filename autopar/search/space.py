@@ -24,12 +24,13 @@ from __future__ import annotations
 import math
 from collections.abc import Iterator
 from dataclasses import dataclass, field
-from typing import Any, NamedTuple
+from typing import Any, Callable, NamedTuple
 
 from autopar.cost.step import DEFAULT_MEMORY_MARGIN  # noqa: F401 (re-exported: the one margin)
 from autopar.errors import InvalidPlanError, NoFeasiblePlanError
 from autopar.limits import MAX_EXPERTS, MAX_GLOBAL_BATCH, MAX_GPUS, MAX_HEADS, MAX_SEQ_LEN, clip
 from autopar.frameworks import framework_spec, model_refusals, plan_refusals
+from autopar.frameworks.base import no_plan_refusals
 from autopar.schema.plan import Framework, ParallelPlan, Precision, Recompute, RecomputeMode, plan_violations
 from autopar.schema.rules import Context, is_valid, rules_by_level
 
@@ -325,24 +326,52 @@ class _Bindings:
         self.torch_compile = framework_spec(spec.framework).default_torch_compile  # as Draft.torch_compile
 
 
+def _check(rules: tuple) -> Callable[[Context, Any], bool] | None:
+    """One call that is `all(r.ok(c, p) for r in rules)`; None when there is nothing to check."""
+    if not rules:
+        return None
+    if len(rules) == 1:
+        return rules[0].ok
+    oks = tuple(r.ok for r in rules)
+
+    def check(c: Context, p: Any) -> bool:
+        for ok in oks:
+            if not ok(c, p):
+                return False
+        return True
+    return check
+
+
+def _only_axis(rule, axis: str) -> bool:
+    """Whether `axis` is the one searched axis `rule` reads (the rest are the loops' constants)."""
+    return {a for a in rule.axes if a in _LEVELS} == {axis}
+
+
 def _valid_recompute_free(spec: SpaceSpec) -> Iterator[Draft]:
     """The drafts of _recompute_free that draft_is_valid accepts, in the same order: each rule
     (autopar.schema.rules) is checked at the loop level of the deepest axis it reads
     (_RULES_BY_LEVEL), so a failing rule skips the whole subtree instead of one check per draft
-    (~57K for Qwen3-235B; tests/test_space_fastpath.py checks the two agree draft for draft)."""
+    (~57K for Qwen3-235B; tests/test_space_fastpath.py checks the two agree draft for draft). A
+    rule of the ZeRO stage alone filters the stages once, before the loops."""
     c = Context(**spec.validator_kwargs())
     first = recompute_options(spec)[0]
     b = _Bindings(spec, first)
     rules = _RULES_BY_LEVEL
     if not all(r.ok(c, b) for r in rules.get(-1, ())):
         return
-    at_mp, at_mbs, at_ep, at_etp, at_vpp, at_zero, at_sp = (rules.get(level, ()) for level in range(7))
+    zero_alone = tuple(r for r in rules.get(5, ()) if _only_axis(r, "zero"))
+    zeros = []
+    for zero in zero_options(spec):
+        b.zero = zero
+        if all(r.ok(c, b) for r in zero_alone):
+            zeros.append(zero)
+    at_mp, at_mbs, at_ep, at_etp, at_vpp, at_zero, at_sp = (
+        _check(tuple(r for r in rules.get(level, ()) if r not in zero_alone)) for level in range(7))
     consts = _draft_constants(spec)
-    zeros = zero_options(spec)
     vpps: dict[tuple[int, int], list[int]] = {}  # (pp, microbatches) -> vpp_options
     for tp, pp, cp, dp in model_parallel_degrees(spec):
         b.tp, b.pp, b.cp = tp, pp, cp
-        if not all(r.ok(c, b) for r in at_mp):
+        if at_mp is not None and not at_mp(c, b):
             continue
         sps = sp_options(spec, tp)
         etps = etp_options(spec, tp)
@@ -351,27 +380,27 @@ def _valid_recompute_free(spec: SpaceSpec) -> Iterator[Draft]:
             if (pp, m) not in vpps:
                 vpps[pp, m] = vpp_options(spec, pp, m)
             b.mbs = mbs
-            if not all(r.ok(c, b) for r in at_mbs):
+            if at_mbs is not None and not at_mbs(c, b):
                 continue
             for ep in ep_options(spec, tp, pp):
                 b.ep = ep
-                if not all(r.ok(c, b) for r in at_ep):
+                if at_ep is not None and not at_ep(c, b):
                     continue
                 for etp in etps:
                     b.etp = etp
-                    if not all(r.ok(c, b) for r in at_etp):
+                    if at_etp is not None and not at_etp(c, b):
                         continue
                     for vpp in vpps[pp, m]:
                         b.vpp = vpp
-                        if not all(r.ok(c, b) for r in at_vpp):
+                        if at_vpp is not None and not at_vpp(c, b):
                             continue
                         for zero in zeros:
                             b.zero = zero
-                            if not all(r.ok(c, b) for r in at_zero):
+                            if at_zero is not None and not at_zero(c, b):
                                 continue
                             for sp in sps:
                                 b.sp = sp
-                                if all(r.ok(c, b) for r in at_sp):
+                                if at_sp is None or at_sp(c, b):
                                     yield tuple.__new__(Draft, (tp, pp, cp, ep, etp, vpp, mbs, zero, sp, first,
                                                                 *consts))
 
@@ -429,7 +458,8 @@ def valid_bases(spec: SpaceSpec) -> list[tuple[Draft, tuple[Recompute, ...]]]:
     """Each valid combination of every axis but recompute, with the recompute choices valid for it
     (`candidate_bases` without building a Draft per choice: the search builds them for the
     families it expands). A model the framework cannot train at all is refused first, before any
-    plan is generated (refuse_model)."""
+    plan is generated (refuse_model). The rules of recompute alone (with the loops' constants)
+    filter the choices once; the rest, and the framework's refusals, per base."""
     refuse_model(spec)
     count = count_raw_candidates(spec)
     if count > MAX_RAW_CANDIDATES:
@@ -439,10 +469,24 @@ def valid_bases(spec: SpaceSpec) -> list[tuple[Draft, tuple[Recompute, ...]]]:
     all_options = tuple(recompute_options(spec))
     c = Context(**spec.validator_kwargs())
     per_recompute = _RULES_BY_LEVEL.get(7, ())
+    alone = tuple(r for r in per_recompute if _only_axis(r, "recompute"))
+    b = _Bindings(spec, all_options[0])
+    options = []
+    for r in all_options:
+        b.recompute = r
+        if all(rule.ok(c, b) for rule in alone):
+            options.append(r)
+    options = tuple(options)
+    rest = _check(tuple(r for r in per_recompute if r not in alone))
     refusals = framework_spec(spec.framework).plan_refusals if spec.model_spec is not None else None
+    if refusals is no_plan_refusals:
+        refusals = None
     out = []
     for base in _valid_recompute_free(spec):  # draft_is_valid's verdict up to the recompute choice
-        variants = tuple(r for r in all_options if _recompute_ok(c, spec, base, r, per_recompute, refusals))
+        if rest is None and refusals is None:
+            variants = options
+        else:
+            variants = tuple(r for r in options if _recompute_ok(c, spec, base, r, rest, refusals))
         if variants:
             out.append((base, variants))
     if not out:
@@ -454,10 +498,11 @@ def valid_bases(spec: SpaceSpec) -> list[tuple[Draft, tuple[Recompute, ...]]]:
     return out
 
 
-def _recompute_ok(c: Context, spec: SpaceSpec, base: Draft, r: Recompute, rules, refusals) -> bool:
-    """The rules that read recompute, then the framework's refusals, for `base` with recompute `r`."""
+def _recompute_ok(c: Context, spec: SpaceSpec, base: Draft, r: Recompute, check, refusals) -> bool:
+    """The rules that read recompute with other axes, then the framework's refusals, for `base`
+    with recompute `r`."""
     d = with_recompute(base, r)
-    return all(rule.ok(c, d) for rule in rules) and not (refusals and refusals(spec.model_spec, spec.num_gpus, d))
+    return (check is None or check(c, d)) and not (refusals and refusals(spec.model_spec, spec.num_gpus, d))
 
 
 def refuse_model(spec: SpaceSpec) -> None:
@@ -468,7 +513,7 @@ def refuse_model(spec: SpaceSpec) -> None:
     reasons = model_refusals(spec.framework, spec.model_spec)
     if reasons:
         raise NoFeasiblePlanError(f"{spec.framework} cannot train {clip(spec.model_spec.name)} in any layout: "
-                               + "; ".join(reasons) + f"; plan it with another --framework")
+                                  + "; ".join(reasons))
 
 
 def _first_problem(spec: SpaceSpec, options: tuple[Recompute, ...]) -> list[str] | None:
