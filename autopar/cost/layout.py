@@ -24,8 +24,9 @@ from __future__ import annotations
 import math
 from dataclasses import dataclass
 from functools import lru_cache
+from operator import attrgetter
 
-from autopar.caching import cached_property
+from autopar.caching import Recorder, RecordingView, cached_property
 from autopar.cost import comm, memory
 from autopar.cost.layer import Spans
 from autopar.hardware import Cluster
@@ -68,6 +69,23 @@ def torchtitan_layer_counts(num_layers: int, stages: int, first_less: int = 1, l
     return tuple(counts) if sum(counts) == num_layers and min(counts) >= 0 else None
 
 
+# Every plan field Layout.build reads (etp as the plan's expert_tp: etp, else tp); a Layout cache is
+# keyed by layout_key (tests/test_caching.py: Layout.build reads nothing else).
+LAYOUT_FIELDS = ("tp", "pp", "cp", "ep", "etp", "vpp", "mbs", "global_batch", "zero", "zero_shard_size",
+                 "layers_per_stage", "framework")
+layout_key = attrgetter(*LAYOUT_FIELDS)
+# The plan fields each field Layout.build fills derives from: under caching.CHECK_KEYS, a computation
+# that reads a Layout field reads these of its plan (tests/test_caching.py perturbs every plan field
+# to check the table). Derived properties read these fields, so their reads follow.
+LAYOUT_FIELD_READS: dict[str, tuple[str, ...]] = {
+    "num_gpus": (), "num_layers": (), "gpus_per_node": (), "tp": ("tp",), "pp": ("pp",), "cp": ("cp",),
+    "ep": ("ep",), "etp": ("etp", "tp"), "vpp": ("vpp",), "dp": ("tp", "pp", "cp"),
+    "num_microbatches": ("global_batch", "tp", "pp", "cp", "mbs"), "dp_shard": ("zero_shard_size", "tp", "pp", "cp"),
+    "zero": ("zero",), "layers_per_stage": ("layers_per_stage",), "tied_embedding_copy": ("pp", "framework"),
+    "framework": ("framework",),
+}
+
+
 @dataclass(frozen=True)
 class Layout:
     """Degrees of one plan on `num_gpus` GPUs, and every size, shard, span and count derived from
@@ -103,7 +121,11 @@ class Layout:
 
         Built without the dataclass's frozen __init__ (one object.__setattr__ per field, ~5 µs; a
         MoE search builds ~5·10^3 layouts): the fields go into the instance dict at once, as that
-        __init__ would leave them (tests/test_layout.py compares the two)."""
+        __init__ would leave them (tests/test_layout.py compares the two). For a recorded plan
+        (caching.CHECK_KEYS), the layout of the plan itself, reporting what is read of it."""
+        if type(plan) is Recorder:
+            layout = cls.build(plan._obj, num_gpus, gpus_per_node, num_layers, tie_embeddings)
+            return RecordingView(layout, plan, LAYOUT_FIELD_READS)
         tp, pp, cp = plan.tp, plan.pp, plan.cp
         dp = num_gpus // (tp * pp * cp)  # ParallelPlan.dp_for
         layout = object.__new__(cls)

@@ -18,7 +18,8 @@ from autopar.cost import comm, fsdp, memory
 from autopar.cost.compute import memory_bound_time_s
 from autopar.cost.layer import BF16_BYTES, LayerCost, Spans, Split, expert_blind, layer_cost
 from autopar.frameworks import framework_profile
-from autopar.cost.layout import Layout, stage_layer_counts  # noqa: F401 (stage_layer_counts re-exported)
+from autopar import caching
+from autopar.cost.layout import Layout, layout_key, stage_layer_counts  # noqa: F401 (stage_layer_counts re-exported)
 from autopar.cost.params import CostParams, for_framework
 from autopar.cost.pipeline import pipeline_step_s
 from autopar.hardware import Cluster, gpu_arch
@@ -209,6 +210,8 @@ class StepMemo:
         """Every field of `plan` but the pipeline shape, batch and ZeRO sharding (STAGE_BLIND):
         the plan part of the key of a per-stage entry, so that a cost term that starts reading
         another plan field stays keyed by it."""
+        if caching.RECORDING:
+            return ()  # no table is looked up while recording (caching.check_key)
         last = self._last_fields
         if last is not None and last[0] is plan:
             return last[1]
@@ -218,12 +221,15 @@ class StepMemo:
         return fields
 
     def layout(self, plan: ParallelPlan) -> Layout:
-        """The plan's Layout, cached by every plan field a Layout reads."""
-        key = (plan.tp, plan.pp, plan.cp, plan.ep, plan.expert_tp, plan.vpp, plan.mbs, plan.global_batch, plan.zero,
-               plan.zero_shard_size, plan.layers_per_stage, plan.framework)
+        """The plan's Layout, cached by every plan field a Layout reads (layout_key)."""
+        if caching.RECORDING:
+            return Layout.of(plan, self.cluster, self.graph)
+        key = layout_key(plan)
         layout = self._key_to_layout.get(key)
         if layout is None:
             layout = self._key_to_layout[key] = Layout.of(plan, self.cluster, self.graph)
+            if caching.CHECK_KEYS:
+                caching.check_key("StepMemo.layout", layout_key, lambda q: Layout.of(q, self.cluster, self.graph), plan)
         return layout
 
     def stages(self, layout: Layout) -> list[list[Layer]]:
@@ -266,12 +272,18 @@ class StepMemo:
     def costs(self, stages: list[list[Layer]], st: StepSetup, plan: ParallelPlan, p: CostParams
               ) -> tuple[int, dict[str, LayerCost]]:
         """(number, layer_costs) of a split: the same for every plan with this split and spans."""
-        key = (st.split, st.spans, plan.tp_comm_overlap, plan.framework)
+        if caching.RECORDING:
+            return -1, layer_costs([self._firsts(stages)], st, self.cluster, p, plan, None)
+        key = _costs_key(plan, st)
         hit = self._key_to_costs.get(key) if self.reuse else None
         if hit is None:  # the key stands in later keys as a small number (hashing a Split is not free)
             memos = self._layer_memos(p) if self.reuse else None
-            hit = self._key_to_costs[key] = (len(self._key_to_costs), layer_costs([self._firsts(stages)], st,
+            firsts = self._firsts(stages)
+            hit = self._key_to_costs[key] = (len(self._key_to_costs), layer_costs([firsts], st,
                                                                                   self.cluster, p, plan, memos))
+            if caching.CHECK_KEYS:
+                caching.check_key("StepMemo.costs", lambda q: _costs_key(q, st),
+                                  lambda q: layer_costs([firsts], st, self.cluster, p, q, None), plan)
         return hit
 
     def _firsts(self, stages: list[list[Layer]]) -> list[Layer]:
@@ -294,20 +306,29 @@ class StepMemo:
             hit = self._id_to_layer_memos[id(p)] = (p, ({}, {}))
         return hit[1]
 
-    def stage(self, kind: str, key: tuple, compute):
-        """`compute()` once per (kind, key)."""
-        if not self.reuse:
-            return compute()
+    def stage(self, kind: str, key: tuple, compute, plan: ParallelPlan):
+        """`compute(plan)` once per (kind, key); the plan part of `key` is plan_fields(plan), so
+        `compute` may read any plan field but the STAGE_BLIND ones (checked under CHECK_KEYS)."""
+        if not self.reuse or caching.RECORDING:
+            return compute(plan)
         key = (kind, *key)
         hit = self._key_to_stage.get(key, _MISSING)
         if hit is _MISSING:
-            hit = self._key_to_stage[key] = compute()
+            hit = self._key_to_stage[key] = compute(plan)
+            if caching.CHECK_KEYS:
+                caching.check_key(f"StepMemo.stage {kind}", _stage_fields, compute, plan)
         return hit
 
-    def flops(self, key: tuple, compute) -> float:
-        hit = self._key_to_flops.get(key) if self.reuse else None
+    def flops(self, name: str, key, compute, plan: ParallelPlan) -> float:
+        """`compute(plan)` once per (name, key(plan))."""
+        if caching.RECORDING:
+            return compute(plan)
+        k = (name, *key(plan))
+        hit = self._key_to_flops.get(k) if self.reuse else None
         if hit is None:
-            hit = self._key_to_flops[key] = compute()
+            hit = self._key_to_flops[k] = compute(plan)
+            if caching.CHECK_KEYS:
+                caching.check_key(f"StepMemo.flops {name}", key, compute, plan)
         return hit
 
 
@@ -316,6 +337,18 @@ _MISSING = object()
 # microbatches run, and how ZeRO shards states: the rank-level arithmetic reads them from the plan).
 STAGE_BLIND = frozenset({"pp", "vpp", "layers_per_stage", "global_batch", "zero", "zero_shard_size",
                          "overlap_grad_reduce", "overlap_param_gather"})
+_STAGE_FIELDS = tuple(f for f in ParallelPlan.model_fields if f not in STAGE_BLIND)
+
+
+def _stage_fields(plan: ParallelPlan) -> tuple:
+    """The plan part of a StepMemo.stage key: what plan_fields keeps (for CHECK_KEYS)."""
+    return tuple(getattr(plan, f) for f in _STAGE_FIELDS)
+
+
+def _costs_key(plan: ParallelPlan, st: StepSetup) -> tuple:
+    """What layer_costs reads: the split and spans (the plan's degrees, tokens, kernels, as
+    StepSetup derives them), TP overlap and the framework (its cost-model view)."""
+    return (st.split, st.spans, plan.tp_comm_overlap, plan.framework)
 
 
 def layer_costs(stages: list[list[Layer]], st: StepSetup, cluster: Cluster, p: CostParams,
@@ -456,8 +489,9 @@ def _rank_contents(chunks: list[list[Layer]], graph: ModelGraph, plan: ParallelP
         else:
             sig = memo.signature(chunk)
             d, e, big = memo.stage("params", (sig, tied, *fields),
-                                   lambda: stage_params(chunk, plan, tied, graph.layers[0]))
-            s, w = memo.stage("acts", (sig, tokens, *fields), lambda: stage_activation_bytes(chunk, plan, tokens, sig))
+                                   lambda q: stage_params(chunk, q, tied, graph.layers[0]), plan)
+            s, w = memo.stage("acts", (sig, tokens, *fields), lambda q: stage_activation_bytes(chunk, q, tokens, sig),
+                              plan)
         dense, expert, largest = dense + d, expert + e, max(largest, big)
         saved.append(s)
         work = max(work, w)
@@ -479,7 +513,7 @@ def rank_memory(rank: int, chunks: list[list[Layer]], graph: ModelGraph, plan: P
     else:
         key = (memo.rank_signature(chunks), tied_copy, st.split.tokens, *memo.plan_fields(plan))
         dense, expert, largest, saved, work = memo.stage(
-            "rank_contents", key, lambda: _rank_contents(chunks, graph, plan, st.split.tokens, tied_copy, memo))
+            "rank_contents", key, lambda q: _rank_contents(chunks, graph, q, st.split.tokens, tied_copy, memo), plan)
     g = memory.main_grad_bytes(plan.framework, plan.grad_reduce_in_bf16)
     states = memory.model_state_bytes(dense, plan.framework, plan.zero, layout.dense_shard, g)
     expert_states = memory.model_state_bytes(expert, plan.framework, plan.zero, layout.expert_shard, g)
@@ -574,7 +608,7 @@ def _rank_time(chunks: list[list[Layer]], costs: dict[str, LayerCost], plan: Par
                rec_key: tuple) -> tuple[float, float, float, dict[str, float], tuple[int, ...]]:
     """(fwd, bwd, recompute, comm parts, decoder layers per chunk) of one pipeline rank for one
     microbatch: the stage_time of its chunks, summed."""
-    times = [memo.stage("time", (memo.signature(chunk), *rec_key), lambda: stage_time(chunk, costs, plan))
+    times = [memo.stage("time", (memo.signature(chunk), *rec_key), lambda q: stage_time(chunk, costs, q), plan)
              for chunk in chunks]
     parts = {k: sum(t[3][k] for t in times) for k in ("tp_comm", "cp_comm", "ep_comm")}
     decoders = tuple(sum(1 for x in chunk if x.kind in ("dense", "moe")) for chunk in chunks)
@@ -606,7 +640,7 @@ def estimate(graph: ModelGraph, cluster: Cluster, plan: ParallelPlan, p: CostPar
     for r, chunks in enumerate(ranks):
         rank_key = (memo.rank_signature(chunks), *rec_key)
         fwd_s, bwd_s, rec_s, parts, decoders = memo.stage("rank_time", rank_key,
-                                                          lambda: _rank_time(chunks, costs, plan, memo, rec_key))
+                                                          lambda q: _rank_time(chunks, costs, q, memo, rec_key), plan)
         f.append(fwd_s)
         b.append(bwd_s)
         rec.append(rec_s)
@@ -620,7 +654,7 @@ def estimate(graph: ModelGraph, cluster: Cluster, plan: ParallelPlan, p: CostPar
         dp_exposed = max(dp_exposed, max(0.0, _exposed_dp_s(sync, b[-1], plan) - slack)
                          + st.m * _exposed_dp_s(sync_per_microbatch, b[-1], plan))
         dp_exposed = max(dp_exposed, st.m * fsdp.exposed_per_microbatch_s(
-            memo.stage("rank_layers", rank_key, lambda: rank_layers(chunks, costs, plan)), plan, st.dp_span, cluster,
+            memo.stage("rank_layers", rank_key, lambda q: rank_layers(chunks, costs, q), plan), plan, st.dp_span, cluster,
             p))
         stage_rows.append(StageEstimate(rank=r, layers=decoders,
                                         fwd_s=f[-1], bwd_s=b[-1], recompute_s=rec[-1], params=dense + expert,
@@ -666,10 +700,9 @@ def _summarize(graph: ModelGraph, cluster: Cluster, plan: ParallelPlan, st: Step
                memory_margin: float, memo: StepMemo) -> Estimate:
     n = cluster.num_gpus
     tokens = plan.global_batch * plan.seq_len
-    model_flops = memo.flops((plan.seq_len,), lambda: graph.model_flops_per_token(plan.seq_len, causal=True)) * tokens
-    r = plan.recompute  # _recompute_flops reads only these
-    recompute_flops = memo.flops(("recompute", plan.seq_len, r.mode, r.modules, r.num_layers, plan.pp, plan.vpp),
-                                 lambda: _recompute_flops(graph, plan)) * tokens
+    model_flops = memo.flops("model", _seq_key, lambda q: graph.model_flops_per_token(q.seq_len, causal=True),
+                             plan) * tokens
+    recompute_flops = memo.flops("recompute", _recompute_flops_key, lambda q: _recompute_flops(graph, q), plan) * tokens
     peak_row = max(stage_rows, key=lambda row: row.memory_bytes)
     capacity = cluster.hbm_bytes
     usable = usable_memory_bytes(capacity, memory_margin)
@@ -684,6 +717,16 @@ def _summarize(graph: ModelGraph, cluster: Cluster, plan: ParallelPlan, st: Step
         stages=tuple(stage_rows), num_microbatches=st.m, dp=st.dp, moe=graph.spec.moe is not None,
         notes=(MFU_NOTE,),
     )
+
+
+def _seq_key(plan: ParallelPlan) -> tuple:
+    return (plan.seq_len,)
+
+
+def _recompute_flops_key(plan: ParallelPlan) -> tuple:
+    """What _recompute_flops reads of the plan."""
+    r = plan.recompute
+    return (plan.seq_len, r.mode, r.modules, r.num_layers, plan.pp, plan.vpp)
 
 
 def _recompute_flops(graph: ModelGraph, plan: ParallelPlan) -> float:

@@ -41,6 +41,7 @@ from functools import reduce
 from itertools import compress
 from operator import add, itemgetter, sub
 
+from autopar import caching
 from autopar.caching import cached_property
 from autopar.cost import memory
 from autopar.cost.layer import layer_cost
@@ -66,7 +67,7 @@ from autopar.cost.step import (
 from autopar.hardware import Cluster
 from autopar.model.graph import ModelGraph
 from autopar.schema.plan import ParallelPlan, Recompute, RecomputeMode
-from autopar.search.space import DRAFT_FRAMEWORK, DRAFT_GLOBAL_BATCH, Draft, as_plan
+from autopar.search.space import Draft, as_plan
 from autopar.search.summation import pairwise_sum, prefix_sums
 
 MODES = tuple(RecomputeMode)
@@ -146,14 +147,67 @@ class LayerTable:
 
 
 def split_key(plan: ParallelPlan) -> tuple:
-    """What a layer's cost depends on; pp, vpp, zero and the recompute mode do not enter."""
+    """What a layer's cost depends on; pp, vpp, zero and the recompute mode do not enter (the key of
+    Pricer.table, checked under caching.CHECK_KEYS). The selective modules are its last entry."""
     if type(plan) is Draft:  # the same key from the tuple's fields (~2·10^4 per MoE search)
-        tp, _, cp, ep, etp, _, mbs, _, sp, r, _, seq_len, precision, framework, _ = plan
+        tp, _, cp, ep, etp, _, mbs, _, sp, r, _, seq_len, precision, framework, cp_comm_type = plan
         return (tp, tp > 1 if sp is None else sp, cp, ep, tp if etp is None else etp, mbs, seq_len, precision,
-                plan.tp_comm_overlap, framework, r.modules if r.mode == RecomputeMode.SELECTIVE else ("core_attn",))
+                plan.tp_comm_overlap, framework, plan.framework_release, cp_comm_type, plan.moe_dispatcher,
+                plan.moe_grouped_gemm, plan.moe_load_imbalance, plan.moe_capacity_factor,
+                r.modules if r.mode == RecomputeMode.SELECTIVE else ("core_attn",))
     modules = plan.recompute.modules if plan.recompute.mode == RecomputeMode.SELECTIVE else ("core_attn",)
     return (plan.tp, plan.sequence_parallel, plan.cp, plan.ep, plan.expert_tp, plan.mbs, plan.seq_len,
-            plan.precision, plan.tp_comm_overlap, plan.framework, modules)
+            plan.precision, plan.tp_comm_overlap, plan.framework, plan.framework_release, plan.cp_comm_type,
+            plan.moe_dispatcher, plan.moe_grouped_gemm, plan.moe_load_imbalance, plan.moe_capacity_factor, modules)
+
+
+def _bound_key(plan: ParallelPlan, split: tuple) -> tuple:
+    """What Pricer._time_lower_bound_s reads beyond the split: recompute, the pipeline and batch."""
+    r = plan.recompute
+    return (split, r.mode, r.num_layers, plan.pp, plan.vpp, plan.layers_per_stage, plan.global_batch)
+
+
+def _ranks_key(plan: ParallelPlan, split: tuple) -> tuple:
+    """What Pricer._rank_times reads beyond the split (the batch only through the Layout's split)."""
+    r = plan.recompute
+    return (split, r.mode, r.num_layers, plan.pp, plan.vpp, plan.layers_per_stage)
+
+
+def _floor_key(plan: ParallelPlan) -> tuple:
+    """What Pricer._dp_floor reads: the degrees, batch, ZeRO sharding and the gradients' bytes."""
+    return (plan.tp, plan.cp, plan.pp, plan.ep, plan.expert_tp, plan.global_batch, plan.zero, plan.zero_shard_size,
+            plan.framework, plan.framework_release, plan.grad_reduce_in_bf16)
+
+
+def _states_key(plan: ParallelPlan, layout: Layout) -> tuple:
+    """What state_bytes_per_param reads: the shards (degrees), ZeRO, the framework's state bytes and
+    gradient policy, and the microbatch count (FSDP2 frees gradients at one)."""
+    return (plan.tp, plan.cp, plan.pp, plan.ep, plan.expert_tp, plan.zero, plan.zero_shard_size, plan.framework,
+            plan.framework_release, plan.grad_reduce_in_bf16, layout.num_microbatches)
+
+
+def _params_key(plan: ParallelPlan) -> tuple:
+    """What stage_params reads of the plan: the dense and expert TP and EP degrees."""
+    return (plan.tp, plan.ep, plan.expert_tp)
+
+
+def _columns_key(plan: ParallelPlan, modules: tuple[str, ...], tokens: float) -> tuple:
+    """What stage_activation_bytes reads of the plan under each recompute mode (the modules given),
+    and the tokens per microbatch: splits that differ only in ep share their memory columns."""
+    return (plan.seq_len, plan.tp, plan.sequence_parallel, plan.expert_tp, plan.precision, plan.framework,
+            plan.framework_release, modules, tokens)
+
+
+def _activation_columns(kinds: list, plan: ParallelPlan, modules: tuple[str, ...], tokens: float) -> dict:
+    """(saved, work) bytes of each layer kind, one microbatch, under every recompute mode."""
+    mode_plans = {m: _with(plan, recompute=Recompute.trusted(m, modules)) for m in MODES}
+    return {m: [stage_activation_bytes([layer], mp, tokens) for layer in kinds] for m, mp in mode_plans.items()}
+
+
+def _table_reads(table: "LayerTable") -> "LayerTable":
+    """A table with its lazily built memory columns built (for CHECK_KEYS: their reads are the table's)."""
+    table.memory_columns()
+    return table
 
 
 def layer_table(graph: ModelGraph, cluster: Cluster, plan: ParallelPlan, p: CostParams,
@@ -183,16 +237,15 @@ def layer_table(graph: ModelGraph, cluster: Cluster, plan: ParallelPlan, p: Cost
         costs = [layer_cost(layer, st.split, st.spans, cluster, p, plan.tp_comm_overlap) for layer in kinds]
 
     def memory_columns() -> MemoryColumns:
-        # every plan field stage_activation_bytes and stage_params read, and the tokens
-        reads = (plan.seq_len, plan.tp, plan.sequence_parallel, plan.expert_tp, plan.precision, plan.framework,
-                 plan.framework_release, modules, st.split.tokens)
-        hit = columns_memo.get(reads) if columns_memo is not None else None
+        key = _columns_key(plan, modules, st.split.tokens)
+        hit = columns_memo.get(key) if columns_memo is not None else None
         if hit is None:
-            mode_plans = {m: _with(plan, recompute=Recompute.trusted(m, modules)) for m in MODES}
-            hit = {m: [stage_activation_bytes([layer], mp, st.split.tokens) for layer in kinds]
-                   for m, mp in mode_plans.items()}  # (saved, work) per kind
+            hit = _activation_columns(kinds, plan, modules, st.split.tokens)
             if columns_memo is not None:
-                columns_memo[reads] = hit
+                columns_memo[key] = hit
+                if caching.CHECK_KEYS:
+                    caching.check_key("layer_table columns", lambda q: _columns_key(q, modules, st.split.tokens),
+                                      lambda q: _activation_columns(kinds, q, modules, st.split.tokens), plan)
         acts = hit
         params = [stage_params([layer], plan, False, graph.layers[0])[:2] for layer in kinds]
         return MemoryColumns(params_dense=spread([float(d) for d, _ in params]),
@@ -226,19 +279,10 @@ class Pricer:
         self._key_to_columns_memo: dict[tuple, dict] = {}  # layer_table's memory entries, shared across ep
         self._key_to_floor: dict[tuple, float] = {}
         self.memo = StepMemo(graph, cluster, p)  # the estimates of this search share it
-        self._draft_to_layout: dict[tuple, Layout] = {}
 
     def layout(self, plan: ParallelPlan) -> Layout:
         """The plan's Layout on this cluster (the one source of dp, shards, spans and the split),
-        cached by what a Layout depends on. A Draft (~3·10^4 lookups per MoE search) is keyed by its
-        own leading fields, tp pp cp ep etp vpp mbs zero, with its batch and framework: all a Layout
-        reads of it (its zero_shard_size and layers_per_stage are always None)."""
-        if type(plan) is Draft:
-            key = (*plan[:8], plan[DRAFT_GLOBAL_BATCH], plan[DRAFT_FRAMEWORK])
-            hit = self._draft_to_layout.get(key)
-            if hit is None:
-                hit = self._draft_to_layout[key] = self.memo.layout(plan)
-            return hit
+        cached by what a Layout depends on (StepMemo.layout: cost.layout.layout_key)."""
         return self.memo.layout(plan)
 
     def estimate(self, plan: ParallelPlan, memory_margin: float) -> Estimate:
@@ -247,23 +291,32 @@ class Pricer:
 
     def table(self, plan: ParallelPlan, key: tuple | None = None) -> LayerTable:
         """The LayerTable of the plan's split (`key`: its split_key, when the caller has it)."""
+        if caching.RECORDING:
+            return layer_table(self.graph, self.cluster, plan, self.p)
         key = key or split_key(plan)
         hit = self._key_to_table.get(key)
         if hit is None:
             hit = self._key_to_table[key] = layer_table(self.graph, self.cluster, plan, self.p, self.memo,
                                                         self._key_to_columns_memo)  # a Draft reads as its plan
+            if caching.CHECK_KEYS:
+                caching.check_key("Pricer.table", split_key, lambda q: _table_reads(
+                    layer_table(self.graph, self.cluster, q, self.p)), plan)
         return hit
 
     def time_lower_bound_s(self, plan: ParallelPlan) -> float:
         """≤ estimate(plan).step_time_s: the estimate's own pipeline closed form over the exact
         per-rank forward + backward (+ recompute) sums, plus p2p; DP sync and optimizer left out.
         The same for every ZeRO stage (it prices no DP or optimizer term), so cached without it."""
-        r = plan.recompute
+        if caching.RECORDING:
+            return self._time_lower_bound_s(plan, split_key(plan))
         split = split_key(plan)
-        key = (split, r.mode, r.num_layers, plan.pp, plan.vpp, plan.layers_per_stage, plan.global_batch)
+        key = _bound_key(plan, split)
         hit = self._key_to_bound.get(key)
         if hit is None:
             hit = self._key_to_bound[key] = self._time_lower_bound_s(plan, split)
+            if caching.CHECK_KEYS:
+                caching.check_key("Pricer.time_lower_bound_s", lambda q: _bound_key(q, split_key(q)),
+                                  lambda q: self._time_lower_bound_s(q, split_key(q)), plan)
         return with_dp_floor_s(hit, self.dp_floor_s(plan)) if plan.zero == 2 else hit
 
     def _time_lower_bound_s(self, plan: ParallelPlan, split: tuple) -> float:
@@ -319,17 +372,26 @@ class Pricer:
         split; more microbatches (a smaller micro batch) only add to it. Non-zero for ZeRO 2 only."""
         if plan.zero != 2:
             return 0.0
-        key = (plan.tp, plan.cp, plan.pp, plan.ep, plan.expert_tp, plan.global_batch, plan.zero_shard_size,
-               plan.framework, plan.grad_reduce_in_bf16)
+        if caching.RECORDING:
+            dp, x = self._dp_floor(plan)
+            return plan.global_batch // (dp * plan.mbs) * x * (1.0 - 1e-9)
+        key = _floor_key(plan)
         hit = self._key_to_floor.get(key)  # (dp, one microbatch's floor): no Layout per micro batch
         if hit is None:
-            dense, expert = self.param_sums(plan)
-            layout = self.layout(plan)
-            hit = self._key_to_floor[key] = (layout.dp, dp_sync_floor_per_microbatch_s(
-                dense / plan.pp, expert / plan.pp, layout, self.cluster, self.p, plan))
+            hit = self._key_to_floor[key] = self._dp_floor(plan)
+            if caching.CHECK_KEYS:
+                caching.check_key("Pricer.dp_floor_s", _floor_key,
+                                  self._dp_floor, plan)
         dp, x = hit
         m = plan.global_batch // (dp * plan.mbs)  # the plan's Layout.num_microbatches
         return m * x * (1.0 - 1e-9)  # as step.dp_sync_lower_bound_s; rounding: stays below the estimate's sum
+
+    def _dp_floor(self, plan: ParallelPlan) -> tuple[int, float]:
+        """(dp, one microbatch's DP floor) of dp_floor_s."""
+        dense, expert = self.param_sums(plan)
+        layout = self.layout(plan)
+        return layout.dp, dp_sync_floor_per_microbatch_s(dense / plan.pp, expert / plan.pp, layout, self.cluster,
+                                                         self.p, plan)
 
     def layout_bound_s(self, plan: ParallelPlan) -> float:
         """≤ family_bound_s of every plan sharing `plan`'s tp, cp, ep, etp and sp with a micro batch
@@ -339,23 +401,33 @@ class Pricer:
         return total / plan.mbs * plan.global_batch * plan.tp * plan.cp / self.layout(plan).num_gpus
 
     def _rank_times(self, plan: ParallelPlan, split: tuple | None = None) -> list[float]:
-        """Forward + backward + recompute per microbatch of each pipeline rank. A full(K)
-        plan is charged the cheapest decoder's recompute for min(K, layers) layers of each stage."""
-        r = plan.recompute
+        """Forward + backward + recompute per microbatch of each pipeline rank (_rank_times_of),
+        kept per _ranks_key."""
         split = split or split_key(plan)
-        key = (split, r.mode, r.num_layers, plan.pp, plan.vpp, plan.layers_per_stage)
+        if caching.RECORDING:
+            return self._rank_times_of(plan, split)
+        key = _ranks_key(plan, split)
         hit = self._key_to_extremes.get(key)
         if hit is None:
-            t = self.table(plan, split)
-            uniform = r.mode != RecomputeMode.FULL or r.num_layers is None
-            prefix = self._time_prefix(t, r.mode if uniform else None)
-            counts = self.layout(plan).stage_counts
-            stage = stage_totals(self._stage_cuts(t, counts)[1](prefix))
-            if not uniform:
-                per_layer_s = t.time_sums["full_per_layer"]
-                stage = [s + per_layer_s * min(c, r.num_layers) for s, c in zip(stage, counts)]
-            hit = self._key_to_extremes[key] = rank_sums(stage, plan.pp)
+            hit = self._key_to_extremes[key] = self._rank_times_of(plan, split)
+            if caching.CHECK_KEYS:
+                caching.check_key("Pricer._rank_times", lambda q: _ranks_key(q, split_key(q)),
+                                  lambda q: self._rank_times_of(q, split_key(q)), plan)
         return hit
+
+    def _rank_times_of(self, plan: ParallelPlan, split: tuple) -> list[float]:
+        """A full(K) plan is charged the cheapest decoder's recompute for min(K, layers) layers of
+        each stage."""
+        r = plan.recompute
+        t = self.table(plan, split)
+        uniform = r.mode != RecomputeMode.FULL or r.num_layers is None
+        prefix = self._time_prefix(t, r.mode if uniform else None)
+        counts = self.layout(plan).stage_counts
+        stage = stage_totals(self._stage_cuts(t, counts)[1](prefix))
+        if not uniform:
+            per_layer_s = t.time_sums["full_per_layer"]
+            stage = [s + per_layer_s * min(c, r.num_layers) for s, c in zip(stage, counts)]
+        return rank_sums(stage, plan.pp)
 
     def _time_prefix(self, t: LayerTable, mode: str | None) -> list[float]:
         """[0, cumulative forward + backward (+ `mode`'s recompute; None: none)] over the table's layers."""
@@ -393,23 +465,33 @@ class Pricer:
         layout's dense and expert ZeRO groups. Keyed by the microbatch count too: FSDP2 keeps its
         gradients at the peak only when several microbatches accumulate (memory.resident_state_bytes)."""
         layout = self.layout(plan)
-        key = (plan.tp, plan.cp, plan.pp, plan.ep, plan.expert_tp, plan.zero, plan.zero_shard_size, plan.framework,
-               plan.grad_reduce_in_bf16, layout.num_microbatches)
+        if caching.RECORDING:
+            return state_bytes_per_param(layout, plan)
+        key = _states_key(plan, layout)
         hit = self._key_to_states.get(key)
         if hit is None:
             hit = self._key_to_states[key] = state_bytes_per_param(layout, plan)
+            if caching.CHECK_KEYS:
+                caching.check_key("Pricer._state_bytes_per_param", lambda q: _states_key(q, self.layout(q)),
+                                  lambda q: state_bytes_per_param(self.layout(q), q), plan)
         return hit
 
     def param_sums(self, plan: ParallelPlan) -> tuple[float, float]:
         """(dense, routed-expert) parameters on one GPU summed over the whole graph, by the
         estimate's `stage_params`; they depend on tp, ep and etp only (= LayerTable.param_totals)."""
-        key = (plan.tp, plan.ep, plan.expert_tp)
+        if caching.RECORDING:
+            return self._param_sums(plan)
+        key = _params_key(plan)
         if key not in self._key_to_params:
-            layers = self.graph.layers
-            parts = [stage_params([layer], plan, False, layers[0])[:2] for layer in layers]
-            self._key_to_params[key] = (pairwise_sum([float(d) for d, _ in parts]),
-                                        pairwise_sum([float(e) for _, e in parts]))
+            self._key_to_params[key] = self._param_sums(plan)
+            if caching.CHECK_KEYS:
+                caching.check_key("Pricer.param_sums", _params_key, self._param_sums, plan)
         return self._key_to_params[key]
+
+    def _param_sums(self, plan: ParallelPlan) -> tuple[float, float]:
+        layers = self.graph.layers
+        parts = [stage_params([layer], plan, False, layers[0])[:2] for layer in layers]
+        return pairwise_sum([float(d) for d, _ in parts]), pairwise_sum([float(e) for _, e in parts])
 
     def states_lower_bound_bytes(self, plan: ParallelPlan) -> float:
         """The mean rank's model states (weights, grads, optimizer after ZeRO) with the estimate's

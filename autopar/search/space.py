@@ -344,7 +344,22 @@ def _check(rules: tuple) -> Callable[[Context, Any], bool] | None:
 
 def _only_axis(rule, axis: str) -> bool:
     """Whether `axis` is the one searched axis `rule` reads (the rest are the loops' constants)."""
-    return {a for a in rule.axes if a in _LEVELS} == {axis}
+    return _reads_only(rule, {axis})
+
+
+def _reads_only(rule, axes: set[str]) -> bool:
+    """Whether the searched axes `rule` reads are among `axes` (the rest are the loops' constants)."""
+    return {a for a in rule.axes if a in _LEVELS} <= axes
+
+
+def _allowed(c: Context, b: "_Bindings", axis: str, options: list, rules: tuple) -> list:
+    """The options of `axis` that `rules` allow with the axes bound in `b`."""
+    out = []
+    for value in options:
+        setattr(b, axis, value)
+        if all(r.ok(c, b) for r in rules):
+            out.append(value)
+    return out
 
 
 def _valid_recompute_free(spec: SpaceSpec) -> Iterator[Draft]:
@@ -352,33 +367,38 @@ def _valid_recompute_free(spec: SpaceSpec) -> Iterator[Draft]:
     (autopar.schema.rules) is checked at the loop level of the deepest axis it reads
     (_RULES_BY_LEVEL), so a failing rule skips the whole subtree instead of one check per draft
     (~57K for Qwen3-235B; tests/test_space_fastpath.py checks the two agree draft for draft). A
-    rule of the ZeRO stage alone filters the stages once, before the loops."""
+    rule of the pipeline shape alone filters the vpp and ZeRO options once per pp, one of tp and sp
+    the sp options once per tp."""
     c = Context(**spec.validator_kwargs())
     first = recompute_options(spec)[0]
     b = _Bindings(spec, first)
     rules = _RULES_BY_LEVEL
     if not all(r.ok(c, b) for r in rules.get(-1, ())):
         return
-    zero_alone = tuple(r for r in rules.get(5, ()) if _only_axis(r, "zero"))
-    zeros = []
-    for zero in zero_options(spec):
-        b.zero = zero
-        if all(r.ok(c, b) for r in zero_alone):
-            zeros.append(zero)
+    # Rules of the pipeline shape alone filter the interleaving and ZeRO options once per pp (with its
+    # microbatch count for vpp) instead of once per draft.
+    vpp_alone = tuple(r for r in rules.get(4, ()) if _reads_only(r, {"pp", "vpp"}))
+    zero_alone = tuple(r for r in rules.get(5, ()) if _reads_only(r, {"pp", "zero"}))
+    sp_alone = tuple(r for r in rules.get(6, ()) if _reads_only(r, {"tp", "sp"}))  # and sp once per tp
+    hoisted = {*vpp_alone, *zero_alone, *sp_alone}
     at_mp, at_mbs, at_ep, at_etp, at_vpp, at_zero, at_sp = (
-        _check(tuple(r for r in rules.get(level, ()) if r not in zero_alone)) for level in range(7))
+        _check(tuple(r for r in rules.get(level, ()) if r not in hoisted)) for level in range(7))
     consts = _draft_constants(spec)
-    vpps: dict[tuple[int, int], list[int]] = {}  # (pp, microbatches) -> vpp_options
+    vpps: dict[tuple[int, int], list[int]] = {}  # (pp, microbatches) -> vpp_options the pp rules allow
+    zeros_by_pp: dict[int, list[int]] = {}
     for tp, pp, cp, dp in model_parallel_degrees(spec):
         b.tp, b.pp, b.cp = tp, pp, cp
         if at_mp is not None and not at_mp(c, b):
             continue
-        sps = sp_options(spec, tp)
+        sps = _allowed(c, b, "sp", sp_options(spec, tp), sp_alone)
         etps = etp_options(spec, tp)
+        zeros = zeros_by_pp.get(pp)
+        if zeros is None:
+            zeros = zeros_by_pp[pp] = _allowed(c, b, "zero", zero_options(spec), zero_alone)
         for mbs in mbs_options(spec, dp):
             m = spec.global_batch // (dp * mbs) if dp * mbs else 0
             if (pp, m) not in vpps:
-                vpps[pp, m] = vpp_options(spec, pp, m)
+                vpps[pp, m] = _allowed(c, b, "vpp", vpp_options(spec, pp, m), vpp_alone)
             b.mbs = mbs
             if at_mbs is not None and not at_mbs(c, b):
                 continue
