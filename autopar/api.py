@@ -222,7 +222,8 @@ def imported_plan(from_megatron: str | None, from_deepspeed: str | None, gpus: i
     """The plan of an existing Megatron command/script or DeepSpeed config. A Megatron script whose
     model (layers, hidden size, heads) is not `model` is refused."""
     from autopar.errors import SchemaError
-    from autopar.export.importers import plan_from_deepspeed_config, plan_from_megatron_args
+    plan_from_megatron_args = framework_spec("megatron").import_function()
+    plan_from_deepspeed_config = framework_spec("deepspeed").import_function()
 
     if from_megatron and from_deepspeed:
         raise SchemaError("give --from-megatron or --from-deepspeed, not both; score them one at a time or "

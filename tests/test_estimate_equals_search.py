@@ -1,4 +1,4 @@
-"""Estimate equals the search, for every framework (issue 27): a plan the search prices, typed into
+"""Estimate equals the search, for every framework: a plan the search prices, typed into
 `autopar estimate` with the CLI's own options as a user would type it, gets the search's step time
 and peak memory, bit for bit.
 
@@ -13,7 +13,8 @@ Three checks:
     space: its bounds, then Pricer.estimate of the trusted plan, as driver._visit does);
   * listed plans: every plan `autopar plan --json` lists (refined ones included: full(K), a
     DP-moved layer split), re-typed from its printed record;
-  * issue 27's own case: torchtitan tp2 cp2 through `plan --fix` and through `estimate`.
+  * torchtitan tp2 cp2 (its CP exchange once lived in the search alone) through `plan --fix` and
+    through `estimate`.
 
 A plan field `estimate` has no option for (`CLI_LESS_FIELDS`) is left to the CLI's default; the
 search's plan must then hold that same default, or `estimate` prices another plan. The check

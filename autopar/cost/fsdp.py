@@ -31,12 +31,13 @@ from autopar.cost.layer import BF16_BYTES, LayerCost
 from autopar.cost.params import CostParams
 from autopar.hardware import Cluster
 from autopar.model.graph import Layer
+from autopar.frameworks import REGISTRY
 from autopar.schema.plan import ParallelPlan
 
 # Bytes per gradient element reduce-scattered: the framework's gradient dtype (autopar.cost.memory.
 # main_grad_bytes): FSDP2 in torchtitan reduces in fp32 (MixedPrecisionPolicy reduce_dtype=float32);
 # DeepSpeed in the 16-bit gradient dtype; Megatron-FSDP in fp32 (main grads).
-GRAD_REDUCE_BYTES = {fw: memory.main_grad_bytes(fw, False) for fw in ("megatron", "deepspeed", "torchtitan")}
+GRAD_REDUCE_BYTES = {fw: memory.main_grad_bytes(fw, False) for fw in REGISTRY}
 
 
 def gather_units(layer: Layer, plan: ParallelPlan, unit: str, persistence_threshold: float = 0.0) -> list[float]:

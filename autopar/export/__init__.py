@@ -98,7 +98,7 @@ def retarget_problems(pf: PlanFile, target: str) -> list[str]:
         out.append(f"zero {plan.zero} shards {_states(old.sharded_states(plan.zero))} under {source} but "
                    f"{_states(new.sharded_states(plan.zero))} under {target}")
     try:
-        moved = plan.changed(framework=target, torch_compile=None, framework_release=None)
+        moved = plan.for_framework(target)
     except ValidationError as exc:
         from autopar.schema import one_line
 

@@ -15,8 +15,9 @@ DEFAULT_GPUS_PER_NODE = 8  # HGX/DGX boards; used when the plan's cluster profil
 
 
 def require_exportable(pf: PlanFile, framework: str) -> ParallelPlan:
-    """The plan with `framework` as its target, or ExportError listing every broken invariant."""
-    plan = pf.parallel.model_copy(update={"framework": framework})
+    """The plan with `framework` as its target (ParallelPlan.for_framework: resolved under it), or
+    ExportError listing every broken invariant."""
+    plan = pf.parallel if pf.parallel.framework == framework else pf.parallel.for_framework(framework)
     spec = pf.target.model_spec
     problems = plan_violations(plan, num_gpus=pf.target.gpus, num_layers=spec.num_layers,
                                num_heads=spec.num_attention_heads, num_kv_heads=spec.kv_heads,

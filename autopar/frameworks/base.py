@@ -63,7 +63,7 @@ class FrameworkProfile:
 @dataclass(frozen=True, slots=True)
 class FrameworkSpec:
     """Everything autopar knows of one framework. A new framework provides one of these (see
-    tests/test_frameworks.py, which registers a made-up one and checks the contract)."""
+    tests/test_frameworks.py, which builds a made-up one and checks it with check_spec)."""
 
     name: str  # the Framework value: --framework NAME, the plan's `framework`
     title: str  # for people: "Megatron-LM (Megatron-Core)"
@@ -130,7 +130,14 @@ class FrameworkSpec:
         return self.default_cp_comm_type if value is None or cp == 1 else value
 
     def export_files(self, plan_file) -> dict[str, str]:
+        """The launch files of `plan_file` ({file name: text}), written by this framework's exporter."""
         return _resolve(self.exporter)(plan_file)
+
+    def import_function(self) -> Callable[..., Any]:
+        """This framework's importer (reads its launch files back into a plan); ValueError if none."""
+        if self.importer is None:
+            raise ValueError(f"{self.name} has no importer")
+        return _resolve(self.importer)
 
 
 def _resolve(path: str) -> Callable[..., Any]:

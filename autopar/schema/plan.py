@@ -176,6 +176,11 @@ class ParallelPlan(BaseModel):
         on every candidate of several search spaces (tests/test_plan_trusted.py)."""
         return cls.model_construct(**cls._resolve(fields))
 
+    def for_framework(self, framework: str) -> "ParallelPlan":
+        """The same plan for `framework`: every field kept but the ones that belong to the old one (its
+        torch.compile choice and release profile), which take the new framework's defaults."""
+        return self.changed(framework=framework, torch_compile=None, framework_release=None)
+
     def changed(self, **changes: Any) -> "ParallelPlan":
         """This plan with `changes`, validated and resolved again (model_copy(update=...) would skip
         both: a plan moved to another framework would keep the old one's defaults unresolved)."""

@@ -3,7 +3,8 @@ naming every factor and the fix. From this one table come
 - autopar.schema.plan.plan_violations: every failing rule's message (for a user's plan);
 - autopar.search.space.draft_is_valid: the same verdict without the messages (for a draft);
 - autopar.search.space's loop-level pruning: each rule is checked at the loop of the deepest axis it
-  reads (`level_of`), so a failing rule skips the whole subtree.
+  reads (`rules_by_level`), so a failing rule skips the whole subtree; a rule of one axis (with the
+  loops' constants) filters that axis's options once.
 tests/test_space_fastpath.py checks the three agree on every base of several spaces.
 
 A rule reads the plan (anything with its fields and derived properties: a ParallelPlan, the search's

@@ -566,8 +566,7 @@ def _nothing_fits_message(spec: SpaceSpec, pricer: Pricer, walk: _Walk, memory_m
     if plan.recompute.mode != RecomputeMode.FULL or plan.recompute.num_layers is not None:
         fixes.append("full recompute (fix recompute=full)")
     higher = [z for z in framework_spec(spec.framework).zero_stages if z > plan.zero]
-    fixes.append(f"ZeRO {higher[-1]}" if higher else
-                 "a framework with ZeRO 3 (deepspeed, torchtitan)" if spec.framework == Framework.MEGATRON else "")
+    fixes.append(f"ZeRO {higher[-1]}" if higher else "")
     if memory_margin > 0:
         fixes.append(f"a memory margin below {memory_margin:g}")
     return (f"no plan fits: with {cap_gib:.1f} GiB usable on each of {spec.num_gpus} GPUs ({memory_margin:.0%} "

@@ -246,7 +246,7 @@ class Draft(NamedTuple):
 
     @property
     def overlap_param_gather(self) -> bool:
-        """ParallelPlan's default (_default_param_gather): on with ZeRO ≥ 1 (tests/test_search_speed.py)."""
+        """ParallelPlan's resolution (_resolve): on with ZeRO ≥ 1 (tests/test_search_speed.py)."""
         return self.zero >= 1
 
     def to_plan(self) -> ParallelPlan:
@@ -277,7 +277,8 @@ def as_plan(plan: ParallelPlan | Draft) -> ParallelPlan:
 
 
 def _recompute_free(spec: SpaceSpec) -> Iterator[Draft]:
-    """One draft per combination of every axis but recompute (which the validator never reads)."""
+    """One draft per combination of every axis but recompute (its rules are checked per choice,
+    in valid_bases)."""
     first = recompute_options(spec)[0]
     consts = _draft_constants(spec)
     zeros = zero_options(spec)
@@ -311,19 +312,19 @@ _RULES_BY_LEVEL = rules_by_level(_LEVELS)
 
 class _Bindings:
     """The axes bound so far in _valid_recompute_free's loops, with a Draft's constants, read by the
-    rules as they read a plan (autopar.schema.rules)."""
+    rules as they read a plan (autopar.schema.rules). Any other plan field reads as a Draft's: its
+    class constant or its property (what a Draft of these axes would say)."""
 
     __slots__ = ("tp", "pp", "cp", "mbs", "ep", "etp", "vpp", "zero", "sp", "recompute", "global_batch", "seq_len",
-                 "precision", "framework", "cp_comm_type", "zero_shard_size", "layers_per_stage", "tp_comm_overlap",
-                 "framework_release", "grad_reduce_in_bf16", "moe_grouped_gemm", "torch_compile")
+                 "precision", "framework", "cp_comm_type")
 
     def __init__(self, spec: SpaceSpec, recompute: Recompute) -> None:
         self.recompute = recompute
         self.global_batch, self.seq_len, self.precision, self.framework, self.cp_comm_type = _draft_constants(spec)
-        for name in ("zero_shard_size", "layers_per_stage", "tp_comm_overlap", "framework_release",
-                     "grad_reduce_in_bf16", "moe_grouped_gemm"):
-            setattr(self, name, getattr(Draft, name))
-        self.torch_compile = framework_spec(spec.framework).default_torch_compile  # as Draft.torch_compile
+
+    def __getattr__(self, name: str) -> Any:
+        attr = getattr(Draft, name)  # AttributeError for a name that is no plan field
+        return attr.fget(self) if isinstance(attr, property) else attr
 
 
 def _check(rules: tuple) -> Callable[[Context, Any], bool] | None:
@@ -470,7 +471,7 @@ def candidate_bases(spec: SpaceSpec) -> list[tuple[Draft, tuple[Draft, ...]]]:
 
 
 def with_recompute(base: Draft, recompute: Recompute) -> Draft:
-    """`base` with another recompute choice (the validator does not read recompute)."""
+    """`base` with another recompute choice (valid_bases has checked the rules that read it)."""
     return base if base.recompute is recompute else tuple.__new__(Draft, (*base[:9], recompute, *base[10:]))
 
 
