@@ -70,13 +70,14 @@ def print_inspect(console: Console, info: dict[str, Any]) -> None:
 
 
 def _fp8_casts_note(plan) -> str:
-    """How a torchtitan fp8 plan's linears cast (autopar.frameworks, fp8_casts), for the header."""
-    if str(plan.precision) != "fp8" or str(plan.framework) != "torchtitan":
+    """How an fp8 plan's linears cast when it is not Transformer Engine's way (torchao's, under
+    torchtitan: the profile's fp8_casts, autopar.frameworks), for the header."""
+    if str(plan.precision) != "fp8":
         return ""
-    from autopar.frameworks import framework_profile  # only for torchtitan fp8 plans
+    from autopar.frameworks import framework_profile  # only for fp8 plans
 
     recipe = framework_profile(plan.framework, plan.framework_release).fp8_casts
-    return f" ({recipe.replace('_', ' ')} float8 casts)"
+    return "" if recipe == "te" else f" ({recipe.replace('_', ' ')} float8 casts)"
 
 
 def print_estimate(console: Console, plan, est) -> None:
