@@ -127,7 +127,9 @@ def _memory_problems(pf: PlanFile, moved, target: str) -> list[str]:
         cost = resolve_cost_model(cluster, t.cost_model)
     except (AutoparError, OSError, ValueError) as exc:
         return [f"its memory cannot be re-checked under {target} without the cluster profile ({exc})"]
-    margin = (pf.estimate or {}).get("memory_margin", DEFAULT_MEMORY_MARGIN)
+    margin = (pf.estimate or {}).get("memory_margin")  # a file's value: used only when it is a margin
+    if not isinstance(margin, (int, float)) or isinstance(margin, bool) or not 0.0 <= margin < 1.0:
+        margin = DEFAULT_MEMORY_MARGIN
     est = estimate(load_target_model(t.model, t.model_spec), cluster, moved, cost, margin)
     if est.fits:
         return []
