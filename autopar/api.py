@@ -12,6 +12,7 @@ from typing import TYPE_CHECKING, Any
 from autopar.cost.layout import check_layout
 from autopar.cost.memory import model_state_bytes
 from autopar.cost.step import DEFAULT_MEMORY_MARGIN, Estimate, estimate
+from autopar.errors import InvalidPlanError
 from autopar.frameworks import framework_spec
 from autopar.hardware import Cluster, cluster_rows, list_clusters, load_profile  # noqa: F401 (re-exported)
 from autopar.inputs import (  # noqa: F401 (re-exported)
@@ -104,14 +105,18 @@ def search_plans(model: str, cluster: str, gpus: int, seq_len: int | None, globa
 
 
 def plan_file_for(model: str, cluster: str, gpus: int, plan: ParallelPlan, est: Estimate,
-                  cost_model: str | None = None):
-    """The schema-versioned plan JSON record of one plan."""
+                  cost_model: str | None = None, run: dict[str, Any] | None = None):
+    """The schema-versioned plan JSON record of one plan (`run`: its whole-run block, run_for,
+    kept under estimate.run, where the exports read the checkpoint interval)."""
     from autopar import __version__
     from autopar.schema.plan_file import PlanFile, PlanTarget
 
     target = PlanTarget(model=model, model_spec=load_model(model).spec, cluster=cluster, gpus=gpus,
                         cost_model=cost_model)
-    return PlanFile(autopar_version=__version__, target=target, parallel=plan, estimate=estimate_to_dict(est, plan))
+    record = estimate_to_dict(est, plan)
+    if run is not None:
+        record["run"] = run
+    return PlanFile(autopar_version=__version__, target=target, parallel=plan, estimate=record)
 
 
 def score_plan_file(path: str, cost_model: str | None = None, memory_margin: float = DEFAULT_MEMORY_MARGIN
@@ -132,9 +137,9 @@ def compare_plans(plan_files: list[str], plan_strings: list[str], *, model: str 
                   cluster: str | None = None, gpus: int | None = None, global_batch: int | None = None,
                   seq_len: int | None = None, framework: Framework = Framework.MEGATRON, cost_model: str | None = None,
                   memory_margin: float = DEFAULT_MEMORY_MARGIN,
-                  from_megatron: list[str] = (), from_deepspeed: list[str] = ()
-                  ) -> tuple[list[tuple[str, ParallelPlan, Estimate]], int]:
-    """Score plan files and --plan strings for one model and cluster, in input order."""
+                  from_megatron: list[str] = (), from_deepspeed: list[str] = (), run_opts=None):
+    """Score plan files and --plan strings for one model and cluster, in input order:
+    (entries, gpus), and with `run_opts` (run_options) (entries, gpus, each entry's run block)."""
     from autopar.errors import SchemaError
 
     if not plan_files and not plan_strings and not from_megatron and not from_deepspeed:
@@ -169,6 +174,8 @@ def compare_plans(plan_files: list[str], plan_strings: list[str], *, model: str 
             plan = plan_from_assignments(text, gpus, global_batch, seq, framework=framework,
                                          zero=default_zero(framework))
             entries.append((text, plan, estimate_plan(model, cluster, gpus, plan, cost_model, memory_margin)))
+    if run_opts is not None:
+        return entries, gpus, [run_for(model, cluster, gpus, plan, est, run_opts) for _, plan, est in entries]
     return entries, gpus
 
 
@@ -184,10 +191,10 @@ def export_plan_file(path: str, fmt: str) -> dict[str, str]:
 
 
 def export_plan(model: str, cluster: str, gpus: int, plan: ParallelPlan, est: Estimate, fmt: str,
-                cost_model: str | None = None) -> dict[str, str]:
+                cost_model: str | None = None, run: dict[str, Any] | None = None) -> dict[str, str]:
     from autopar.export import export
 
-    return export(plan_file_for(model, cluster, gpus, plan, est, cost_model), fmt)
+    return export(plan_file_for(model, cluster, gpus, plan, est, cost_model, run), fmt)
 
 
 def write_files(files: dict[str, str], out: str | None, force: bool = False) -> list[str]:
@@ -377,11 +384,11 @@ def sweep(model: str, cluster: str, gpus: str, global_batch: str, seq_len: str |
 
 
 def plan_file_text(model: str, cluster: str, gpus: int, plan: ParallelPlan, est: Estimate,
-                   cost_model: str | None = None) -> str:
+                   cost_model: str | None = None, run: dict[str, Any] | None = None) -> str:
     """The plan JSON `autopar plan --out` writes (plan_file_for; equal plans give equal bytes)."""
     from autopar.schema.plan_file import plan_file_text as text
 
-    return text(plan_file_for(model, cluster, gpus, plan, est, cost_model))
+    return text(plan_file_for(model, cluster, gpus, plan, est, cost_model, run))
 
 
 def check_outputs(paths: list[str], force: bool = False) -> None:
@@ -404,3 +411,63 @@ def write_outputs(path_to_text: dict[str, str], force: bool = False) -> list[str
     from autopar.io import write_outputs as write
 
     return write(path_to_text, force=force)
+
+
+# --------------------------------------------------------------------------- the whole run
+
+
+def run_options(train_tokens: str | None, *, gpu_hour_cost: float | None = None, failure_rate: float | None = None,
+                checkpoint_gb_per_s: float | None = None, restart_minutes: float | None = None,
+                async_save: bool = False, checkpoint_minutes: float | None = None):
+    """The RunOptions of --train-tokens and its companions (autopar.cost.run), or None without
+    --train-tokens; every value checked, each refusal one line naming the fix."""
+    import math
+
+    from autopar.cost.run import (DEFAULT_CHECKPOINT_BYTES_PER_S, DEFAULT_FAILURES_PER_GPU_DAY, DEFAULT_RESTART_S,
+                                  RunOptions, parse_tokens)
+    from autopar.units import GB
+
+    given = {"--gpu-hour-cost": gpu_hour_cost, "--failure-rate": failure_rate,
+             "--checkpoint-gb-per-s": checkpoint_gb_per_s, "--restart-minutes": restart_minutes,
+             "--checkpoint-minutes": checkpoint_minutes, "--async-save": async_save or None}
+    if train_tokens is None:
+        named = [k for k, v in given.items() if v is not None]
+        if named:
+            raise InvalidPlanError(f"{', '.join(named)} price a whole run and need --train-tokens (e.g. 15.6T); "
+                                   f"add it or drop {', '.join(named)}")
+        return None
+    for name, value, lowest in (("--gpu-hour-cost", gpu_hour_cost, 0.0), ("--failure-rate", failure_rate, 0.0),
+                                ("--checkpoint-gb-per-s", checkpoint_gb_per_s, 0.0),
+                                ("--checkpoint-minutes", checkpoint_minutes, 0.0)):
+        if value is not None and not (math.isfinite(value) and lowest < value < 1e15):
+            raise InvalidPlanError(f"{name} {value!r} must be a positive number; give one above 0")
+    if restart_minutes is not None and not (math.isfinite(restart_minutes) and 0.0 <= restart_minutes < 1e9):
+        raise InvalidPlanError(f"--restart-minutes {restart_minutes!r} must be 0 or more minutes")
+    return RunOptions(
+        train_tokens=parse_tokens(train_tokens), gpu_hour_cost_usd=gpu_hour_cost,
+        failures_per_gpu_day=DEFAULT_FAILURES_PER_GPU_DAY if failure_rate is None else failure_rate,
+        checkpoint_bytes_per_s=DEFAULT_CHECKPOINT_BYTES_PER_S if checkpoint_gb_per_s is None else checkpoint_gb_per_s * GB,
+        restart_launch_s=DEFAULT_RESTART_S if restart_minutes is None else restart_minutes * 60.0,
+        async_save=async_save, checkpoint_interval_s=None if checkpoint_minutes is None else checkpoint_minutes * 60.0)
+
+
+def run_for(model: str, cluster: str, gpus: int, plan: ParallelPlan, est: Estimate, opts) -> dict[str, Any]:
+    """The `run` block of one plan's estimate: days, GPU-hours, cost, interruptions, checkpoints
+    and goodput to opts.train_tokens (autopar.cost.run.run_block), the days' band from the
+    estimate's throughput band."""
+    from autopar.cost.run import run_block
+    from autopar.hardware import gpu_arch
+    from autopar.validate.bands import estimate_band
+
+    spec = framework_spec(plan.framework)
+    if opts.async_save and not spec.async_checkpoint:
+        raise InvalidPlanError(f"{plan.framework} saves checkpoints synchronously (it has no background save); "
+                               "drop --async-save")
+    low, high = estimate_band(plan, est)
+    block = run_block(params=load_model(model).total_params, num_gpus=gpus,
+                      tokens_per_step=plan.global_batch * plan.seq_len, step_s=est.step_time_s,
+                      tokens_per_s_low=low * gpus, tokens_per_s_high=high * gpus,
+                      bytes_per_param=spec.checkpoint_bytes_per_param,
+                      gpu_arch=gpu_arch(load_cluster(cluster, gpus).gpu_name), opts=opts)
+    return {**block, "async_save": opts.async_save}
+

@@ -152,6 +152,13 @@ PrecisionOpt = Annotated[str, typer.Option("--precision", help="bf16 or fp8 (you
 RecomputeOpt = Annotated[str, typer.Option("--recompute", help="Activation recomputation: none, selective or full.", callback=_choice(RecomputeMode, "--recompute"))]
 FormatOpt = Annotated[str, typer.Option("--format", "-f", help="megatron (launch script), deepspeed (ds_config.json + launcher) or torchtitan (launch command).", callback=_choice(Framework, "--format"))]
 MarginOpt = Annotated[float, typer.Option("--memory-margin", min=0.0, max=0.9, callback=_finite_margin, help=f"Fraction of HBM kept free when judging whether a plan fits; default {DEFAULT_MEMORY_MARGIN:g} (allocator spikes, NCCL growth). plan, estimate, compare, explain and sweep share it.")]
+TrainTokensOpt = Annotated[Optional[str], typer.Option("--train-tokens", help="Price the whole run to this many training tokens (15.6T, 500B, 2e12): days, GPU-hours, cost, interruptions, checkpoints and goodput.")]
+GpuHourCostOpt = Annotated[Optional[float], typer.Option("--gpu-hour-cost", help="Price of one GPU-hour in USD, for the run's cost (with --train-tokens).")]
+FailureRateOpt = Annotated[Optional[float], typer.Option("--failure-rate", help="Job interruptions per GPU-day; default 5.27e-4, Llama 3's 466 interruptions in 54 days on 16,384 GPUs (with --train-tokens).")]
+CheckpointBwOpt = Annotated[Optional[float], typer.Option("--checkpoint-gb-per-s", help="Storage write and read bandwidth the job's checkpoints get, GB/s; default 2000, Llama 3's Tectonic sustained throughput (with --train-tokens).")]
+RestartOpt = Annotated[Optional[float], typer.Option("--restart-minutes", help="Minutes to relaunch after an interruption, before the checkpoint is read back; default 10, an assumption (with --train-tokens).")]
+AsyncSaveOpt = Annotated[bool, typer.Option("--async-save", help="Save checkpoints in the background (Megatron --async-save, torchtitan async checkpointing): only the copy to host memory blocks (with --train-tokens).")]
+CheckpointMinutesOpt = Annotated[Optional[float], typer.Option("--checkpoint-minutes", help="Checkpoint every this many minutes instead of the interval that maximises goodput (with --train-tokens).")]
 
 
 def _run(fn: Callable[[], Any]) -> Any:
@@ -236,6 +243,18 @@ def _refuse_ignored_layout(ctx: typer.Context, source: str) -> None:
         fail(f"{source} sets the layout, so {names} would be ignored; drop {names}, or edit the imported config")
 
 
+def _run_opts(train_tokens, gpu_hour_cost, failure_rate, checkpoint_gb_per_s, restart_minutes, async_save,
+              checkpoint_minutes):
+    """The whole-run options (api.run_options), refused in one line before any work."""
+    return _run(lambda: api.run_options(train_tokens, gpu_hour_cost=gpu_hour_cost, failure_rate=failure_rate,
+                                        checkpoint_gb_per_s=checkpoint_gb_per_s, restart_minutes=restart_minutes,
+                                        async_save=async_save, checkpoint_minutes=checkpoint_minutes))
+
+
+_RUN_ARGS = ("train_tokens", "gpu_hour_cost", "failure_rate", "checkpoint_gb_per_s", "restart_minutes", "async_save",
+             "checkpoint_minutes")
+
+
 def _int_list(text: str | None, option: str) -> tuple[int, ...] | None:
     """'10,10,11,9' -> (10, 10, 11, 9), with a one-line error for anything else."""
     if text is None:
@@ -276,6 +295,13 @@ def estimate(
     layers_per_stage: Annotated[Optional[str], typer.Option("--layers-per-stage", help="Decoder layers of each virtual stage in execution order, comma-separated (pp·vpp entries), as plan lists them; default: an even split.")] = None,
     memory_margin: MarginOpt = DEFAULT_MEMORY_MARGIN,
     cost_model: CostModelOpt = None,
+    train_tokens: TrainTokensOpt = None,
+    gpu_hour_cost: GpuHourCostOpt = None,
+    failure_rate: FailureRateOpt = None,
+    checkpoint_gb_per_s: CheckpointBwOpt = None,
+    restart_minutes: RestartOpt = None,
+    async_save: AsyncSaveOpt = False,
+    checkpoint_minutes: CheckpointMinutesOpt = None,
     as_json: JsonOpt = False,
 ) -> None:
     """Predict step time, throughput, MFU and per-stage memory of one plan."""
@@ -298,11 +324,17 @@ def estimate(
             cp_comm_type=cp_comm_type, layers_per_stage=_int_list(layers_per_stage, "--layers-per-stage"))
         return plan, api.estimate_plan(model, cluster, gpus, plan, cost_model, memory_margin)
 
+    opts = _run_opts(train_tokens, gpu_hour_cost, failure_rate, checkpoint_gb_per_s, restart_minutes, async_save,
+                     checkpoint_minutes)
     plan, est = _run(run)
+    whole = _run(lambda: api.run_for(model, cluster, gpus, plan, est, opts)) if opts else None
     if as_json:
-        _emit_json({"parallel": records.plan_to_dict(plan, gpus), **records.estimate_to_dict(est, plan)})
+        _emit_json({"parallel": records.plan_to_dict(plan, gpus), **records.estimate_to_dict(est, plan),
+                    **({"run": whole} if whole else {})})
     else:
         tables.print_estimate(out, plan, est)
+        if whole:
+            tables.print_run(out, whole)
 
 
 @app.command()
@@ -447,6 +479,13 @@ def plan(
     memory_margin: MarginOpt = DEFAULT_MEMORY_MARGIN,
     precision: PrecisionOpt = Precision.BF16.value,
     cost_model: CostModelOpt = None,
+    train_tokens: TrainTokensOpt = None,
+    gpu_hour_cost: GpuHourCostOpt = None,
+    failure_rate: FailureRateOpt = None,
+    checkpoint_gb_per_s: CheckpointBwOpt = None,
+    restart_minutes: RestartOpt = None,
+    async_save: AsyncSaveOpt = False,
+    checkpoint_minutes: CheckpointMinutesOpt = None,
     out_path: Annotated[Optional[str], typer.Option("--out", "-o", help="Write the best plan as a schema-versioned plan JSON here.")] = None,
     export_fmt: Annotated[Optional[str], typer.Option("--export", help="Also export the best plan: megatron, deepspeed or torchtitan; files go to the --out directory (with plan.json).", callback=_choice(Framework, "--export"))] = None,
     explain_best: Annotated[bool, typer.Option("--explain", help="Explain the chosen plan: time and memory per stage, and why each neighbouring plan loses.")] = False,
@@ -460,6 +499,8 @@ def plan(
 
     plan_json = str(Path(out_path) / "plan.json") if out_path and export_fmt else out_path
     _check_outputs(([plan_json] if plan_json else []) + _picture_paths(plot), force)
+    opts = _run_opts(train_tokens, gpu_hour_cost, failure_rate, checkpoint_gb_per_s, restart_minutes, async_save,
+                     checkpoint_minutes)
     bar, update = _progress_sink(quiet or as_json)
 
     def run():
@@ -473,26 +514,42 @@ def plan(
                                     cost_model=cost_model, progress=update)
 
     result = _run(run)
+    runs: dict[int, dict] = {}  # id(estimate) -> its run block
+
+    def whole(p, e):
+        if opts is None:
+            return None
+        if id(e) not in runs:
+            runs[id(e)] = _run(lambda: api.run_for(model, cluster, gpus, p, e, opts))
+        return runs[id(e)]
+
     exported: dict[str, str] = {}
     written: list[str] = []
     if export_fmt:
         best_plan, best_est = result.chosen
-        exported = _run(lambda: api.export_plan(model, cluster, gpus, best_plan, best_est, export_fmt, cost_model))
+        exported = _run(lambda: api.export_plan(model, cluster, gpus, best_plan, best_est, export_fmt, cost_model,
+                                                whole(best_plan, best_est)))
     if out_path:
         best_plan, best_est = result.chosen
-        text = api.plan_file_text(model, cluster, gpus, best_plan, best_est, cost_model)
+        text = api.plan_file_text(model, cluster, gpus, best_plan, best_est, cost_model, whole(best_plan, best_est))
         targets = {plan_json: text, **{str(Path(out_path) / name): t for name, t in exported.items()}}
         written = _run(lambda: api.write_outputs(targets, force))
     if as_json:
-        _emit_json({"plans": [{**records.plan_entry(p, e, gpus), "equivalent_to_best": result.equivalent_to_best(e)}
+        def entry(p, e):
+            block = whole(p, e)
+            return {**records.plan_entry(p, e, gpus), **({"run": block} if block else {})}
+
+        _emit_json({"plans": [{**entry(p, e), "equivalent_to_best": result.equivalent_to_best(e)}
                               for p, e in result.plans],
-                    "alternatives": [{**records.plan_entry(r.plan, r.estimate, gpus),
-                                      "equivalent_to_best": r.equivalent_to_best} for r in result.alternatives],
+                    "alternatives": [{**entry(r.plan, r.estimate), "equivalent_to_best": r.equivalent_to_best}
+                                     for r in result.alternatives],
                     "equivalence_band": result.band,
                     "search": {"candidates": result.candidates, "pruned": result.pruned, "scored": result.scored,
                                "feasible": result.feasible, "refined": result.refined, "time_s": result.time_s}})
         return
     tables.print_plans(out, result)
+    if opts is not None:
+        tables.print_run(out, whole(*result.chosen), "chosen plan (first row)")
     for f in written:
         out.print(f"wrote {f}")
     if exported and not out_path:
@@ -522,6 +579,13 @@ def compare(
     from_deepspeed: Annotated[Optional[list[str]], typer.Option("--from-deepspeed", help="An existing DeepSpeed ds_config.json; repeatable.")] = None,
     memory_margin: MarginOpt = DEFAULT_MEMORY_MARGIN,
     cost_model: CostModelOpt = None,
+    train_tokens: TrainTokensOpt = None,
+    gpu_hour_cost: GpuHourCostOpt = None,
+    failure_rate: FailureRateOpt = None,
+    checkpoint_gb_per_s: CheckpointBwOpt = None,
+    restart_minutes: RestartOpt = None,
+    async_save: AsyncSaveOpt = False,
+    checkpoint_minutes: CheckpointMinutesOpt = None,
     as_json: JsonOpt = False,
 ) -> None:
     """Score several plans side by side; differences highlighted, the winner marked."""
@@ -533,17 +597,25 @@ def compare(
             fail(f"{', '.join(given)} apply to --plan strings only, and none is given; drop {', '.join(given)} "
                  "(plan files and imported configs carry their own)")
 
+    opts = _run_opts(train_tokens, gpu_hour_cost, failure_rate, checkpoint_gb_per_s, restart_minutes, async_save,
+                     checkpoint_minutes)
+
     def run():
         return api.compare_plans(plan_files or [], plan_strings or [], model=model, cluster=cluster, gpus=gpus,
                                  global_batch=global_batch, seq_len=seq_len, framework=framework,
                                  cost_model=cost_model, memory_margin=memory_margin,
-                                 from_megatron=from_megatron or [], from_deepspeed=from_deepspeed or [])
+                                 from_megatron=from_megatron or [], from_deepspeed=from_deepspeed or [],
+                                 run_opts=opts)
 
-    entries, n = _run(run)
+    entries, n, *rest = _run(run)
+    runs = rest[0] if rest else [None] * len(entries)
     if as_json:
-        _emit_json({"plans": [records.plan_entry(p, e, n) for _, p, e in entries]})
+        _emit_json({"plans": [{**records.plan_entry(p, e, n), **({"run": r} if r else {})}
+                              for (_, p, e), r in zip(entries, runs)]})
     else:
         tables.print_compare(out, entries)
+        if opts:
+            tables.print_runs(out, [(label, r) for (label, _, _), r in zip(entries, runs)])
 
 
 @app.command()
@@ -633,6 +705,13 @@ def sweep(
     max_tp: Annotated[Optional[int], typer.Option("--max-tp", min=1, max=MAX_GPUS, help="Largest tensor-parallel degree to consider.")] = None,
     memory_margin: MarginOpt = DEFAULT_MEMORY_MARGIN,
     cost_model: CostModelOpt = None,
+    train_tokens: TrainTokensOpt = None,
+    gpu_hour_cost: GpuHourCostOpt = None,
+    failure_rate: FailureRateOpt = None,
+    checkpoint_gb_per_s: CheckpointBwOpt = None,
+    restart_minutes: RestartOpt = None,
+    async_save: AsyncSaveOpt = False,
+    checkpoint_minutes: CheckpointMinutesOpt = None,
     plot: Annotated[Optional[str], typer.Option("--plot", help="Scaling curves of tokens/s/GPU and MFU: a .png/.svg/.pdf path (needs matplotlib) or '-' for the terminal.")] = None,
     force: ForceOpt = False,
     quiet: QuietOpt = False,
@@ -642,6 +721,8 @@ def sweep(
     from autopar.report.sweep import render_sweep
 
     _check_outputs(_picture_paths(plot, with_memory=False), force)
+    opts = _run_opts(train_tokens, gpu_hour_cost, failure_rate, checkpoint_gb_per_s, restart_minutes, async_save,
+                     checkpoint_minutes)
     bar, update = _progress_sink(quiet or as_json)
     kwargs = dict(framework=framework, precision=precision, fix=fix, max_tp=max_tp, memory_margin=memory_margin,
                   cost_model=cost_model)
@@ -653,14 +734,20 @@ def sweep(
             return api.sweep(model, cluster, gpus, global_batch, seq_len, progress=update, **kwargs)
 
     points = _run(run)
+    runs = [_run(lambda: api.run_for(model, cluster, p.gpus, p.plan, p.estimate, opts)) if opts and p.fits else None
+            for p in points]
     if as_json:
-        _emit_json({"points": [p.to_dict() for p in points]})
+        _emit_json({"points": [{**p.to_dict(), **({"run": r} if opts else {})} for p, r in zip(points, runs)]})
         return
     render_sweep(out, points)
+    if opts:
+        tables.print_runs(out, [(f"{p.gpus:,} GPUs, gbs {p.global_batch}, seq {p.seq_len}", r)
+                                for p, r in zip(points, runs)], title="Whole run across the sweep")
     if plot:
         from autopar.report.plots import save_picture
 
-        note = _run(lambda: save_picture("sweep", plot, points=points, console=out))
+        note = _run(lambda: save_picture("sweep", plot, points=points, console=out,
+                                         runs=runs if opts else None))
         if note or plot != "-":
             out.print(note or f"wrote {plot}")
 

@@ -353,3 +353,18 @@ def test_torchtitan_layer_split_is_torchtitans_own(layers, stages):
         assert torchtitan_layer_counts(layers, stages) is None
         return
     assert torchtitan_layer_counts(layers, stages) == tuple(sum(m.startswith("layers.") for m in p) for p in parts)
+
+
+def test_torchtitan_parses_the_checkpoint_schedule(titan_config, monkeypatch):
+    """The planned run's checkpoint interval and background save reach torchtitan's own config."""
+    from torchtitan.config import ConfigManager
+
+    from autopar.export.torchtitan import _checkpoint_args
+
+    pf = TITAN_PLANS["8b ddp"]()
+    pf = pf.model_copy(update={"estimate": {**pf.estimate, "run": {"checkpoint_interval_steps": 77, "steps": 5000,
+                                                                   "async_save": True}}})
+    titan_config(pf)  # writes the config module
+    args, steps, interval = _checkpoint_args(pf)
+    config = ConfigManager().parse_args(torchtitan_args(pf, ("--checkpoint.enable", *args)))
+    assert (config.checkpoint.interval, config.checkpoint.async_mode, steps, interval) == (77, "async", 5000, 77)

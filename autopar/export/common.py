@@ -112,3 +112,45 @@ def cluster_block(pf: PlanFile, default_port: int, per_node: bool = True) -> str
 
 TORCHRUN = ('torchrun --nproc_per_node "$GPUS_PER_NODE" --nnodes "$NNODES" --node_rank "$NODE_RANK" \\\n'
             '    --master_addr "$MASTER_ADDR" --master_port "$MASTER_PORT"')
+
+
+FALLBACK_CHECKPOINT_INTERVAL_STEPS = 1000  # a plan file without a step time: a round number, as before
+
+
+def _whole_number(value, highest: int) -> int | None:
+    """A file's value when it is a whole number from 1 to `highest`, else None (ignored)."""
+    ok = isinstance(value, int) and not isinstance(value, bool) and 1 <= value <= highest
+    return value if ok else None
+
+
+def checkpoint_schedule(pf: PlanFile) -> tuple[int, bool, int | None]:
+    """(checkpoint interval in steps, asynchronous save, training steps or None) for the launch
+    files: the plan file's whole-run block (`autopar plan --train-tokens`, autopar.cost.run) when
+    it has one; else the interval that maximises goodput under autopar.cost.run's defaults for this
+    model, framework, GPU count and estimated step time; else FALLBACK_CHECKPOINT_INTERVAL_STEPS."""
+    import math
+
+    from autopar.cost import run as whole
+    from autopar.frameworks import framework_spec
+
+    record = pf.estimate or {}
+    block = record.get("run") if isinstance(record.get("run"), dict) else {}
+    interval = _whole_number(block.get("checkpoint_interval_steps"), 10**9)
+    steps = _whole_number(block.get("steps"), 10**12)
+    async_save = block.get("async_save") is True and framework_spec(pf.parallel.framework).async_checkpoint
+    if interval is not None:
+        return interval, async_save, steps
+    step_s = record.get("step_time_s")
+    if not (isinstance(step_s, (int, float)) and not isinstance(step_s, bool) and math.isfinite(step_s)
+            and 1e-6 < step_s < 1e7):
+        return FALLBACK_CHECKPOINT_INTERVAL_STEPS, False, None
+    from autopar.model import build_graph
+
+    params = build_graph(pf.target.model_spec).total_params
+    total = whole.checkpoint_bytes(params, framework_spec(pf.parallel.framework).checkpoint_bytes_per_param)
+    storage = whole.DEFAULT_CHECKPOINT_BYTES_PER_S
+    blocking = whole.checkpoint_write_s(total, storage)
+    mtbf = whole.job_mtbf_s(whole.DEFAULT_FAILURES_PER_GPU_DAY, pf.target.gpus)
+    restart = whole.restart_s(whole.DEFAULT_RESTART_S, total, storage)
+    return max(1, round(whole.optimal_interval_s(blocking, mtbf, restart) / step_s)), False, None
+

@@ -28,7 +28,7 @@ The arguments are checked with megatron_rules before a script is written.
 from __future__ import annotations
 
 from autopar.errors import ExportError
-from autopar.export.common import (TORCHRUN, bash_array, cluster_block, header, layer_counts, plan_layout, refuse,
+from autopar.export.common import (checkpoint_schedule, TORCHRUN, bash_array, cluster_block, header, layer_counts, plan_layout, refuse,
                                    require_exportable)
 from autopar.export.megatron_rules import format_layout, megatron_notes, megatron_violations
 from autopar.schema.model import ModelSpec, MoESpec
@@ -289,12 +289,12 @@ DATA_PATH="${DATA_PATH:-/path/to/corpus_text_document}"              # <-- SET: 
 TOKENIZER_TYPE="${TOKENIZER_TYPE:-HuggingFaceTokenizer}"             # <-- SET: tokenizer class
 TOKENIZER_MODEL="${TOKENIZER_MODEL:-/path/to/tokenizer}"             # <-- SET: tokenizer files
 CHECKPOINT_PATH="${CHECKPOINT_PATH:-/path/to/checkpoints}"           # <-- SET: save and resume here
-TRAIN_ITERS="${TRAIN_ITERS:-500000}"                                 # <-- SET: training length
+TRAIN_ITERS="${TRAIN_ITERS:-{train_iters}}"{pad}# <-- SET: training length{planned}
 LR="${LR:-3.0e-4}"                                                   # <-- SET: peak learning rate'''
 
 _RUN_ARGS = ["--data-path", '"$DATA_PATH"', "--split", "99,1,0", "--tokenizer-type", '"$TOKENIZER_TYPE"',
              "--tokenizer-model", '"$TOKENIZER_MODEL"', "--save", '"$CHECKPOINT_PATH"', "--load", '"$CHECKPOINT_PATH"',
-             "--save-interval", "1000", "--train-iters", '"$TRAIN_ITERS"', "--lr", '"$LR"', "--min-lr", "3.0e-5",
+             "--save-interval", "{save_interval}", "--train-iters", '"$TRAIN_ITERS"', "--lr", '"$LR"', "--min-lr", "3.0e-5",
              "--lr-decay-style", "cosine", "--lr-warmup-iters", "2000", "--weight-decay", "0.1", "--clip-grad", "1.0",
              "--adam-beta1", "0.9", "--adam-beta2", "0.95", "--init-method-std", "0.02", "--log-interval", "10",
              "--eval-interval", "1000", "--eval-iters", "10"]
@@ -307,7 +307,13 @@ def export_megatron(pf: PlanFile) -> str:
     parts = [header(pf, "megatron", "Megatron-LM launch")]
     notes = megatron_notes([a for _, g in groups for a in g])
     parts += ["\n".join(f"# Note: {n}" for n in notes)] if notes else []
-    parts += [_SETTINGS, cluster_block(pf, 6000)]
+    interval, async_save, steps = checkpoint_schedule(pf)
+    iters = str(steps or 500000)
+    settings = (_SETTINGS.replace("{train_iters}", iters).replace("{pad}", " " * max(1, 33 - len(iters)))
+                .replace("{planned}", " (the planned run's)" if steps else ""))
+    run_args = [a.replace("{save_interval}", str(interval)) for a in _RUN_ARGS] + (["--async-save"] if async_save else [])
+    parts += [f"# Checkpoint every {interval} steps: the interval that maximises goodput under the run's interruptions"
+              " (autopar.cost.run).", settings, cluster_block(pf, 6000)]
     if plan.zero >= 2:
         parts.append("# Megatron-FSDP asserts CUDA_DEVICE_MAX_CONNECTIONS is not 1 (it overlaps its collectives on\n"
                      "# several streams); with tp or cp > 1 Megatron only warns that TP/CP prefer 1\n"
@@ -316,7 +322,7 @@ def export_megatron(pf: PlanFile) -> str:
         parts.append("# Megatron asserts this when tp or cp > 1 (GPUs before Blackwell)\n"
                      "export CUDA_DEVICE_MAX_CONNECTIONS=1")
     parts += [bash_array(name, group) for name, group in groups]
-    parts.append(bash_array("RUN_ARGS", _RUN_ARGS))
+    parts.append(bash_array("RUN_ARGS", run_args))
     refs = " ".join(f'"${{{name}[@]}}"' for name, _ in groups)
     parts.append(f'{TORCHRUN} \\\n    "$MEGATRON_LM_DIR/pretrain_gpt.py" \\\n    {refs} "${{RUN_ARGS[@]}}"')
     return "\n\n".join(parts) + "\n"

@@ -38,7 +38,7 @@ from __future__ import annotations
 import shlex
 
 from autopar.cost.layout import Layout, torchtitan_layer_counts  # noqa: F401 (torchtitan's split, re-exported)
-from autopar.export.common import (DEFAULT_GPUS_PER_NODE, TORCHRUN, bash_array, cluster_block, header, layer_counts,
+from autopar.export.common import (checkpoint_schedule, DEFAULT_GPUS_PER_NODE, TORCHRUN, bash_array, cluster_block, header, layer_counts,
                                    plan_layout, refuse, require_exportable)
 from autopar.frameworks import plan_refusals
 from autopar.frameworks.torchtitan import FLAVOURS, Flavour, flavour_for, no_flavour_reason  # noqa: F401 (re-exported)
@@ -219,23 +219,34 @@ _PYTHONPATH = 'export PYTHONPATH="$(cd "$(dirname "$0")" && pwd)${PYTHONPATH:+:$
 def torchtitan_launch_command(pf: PlanFile) -> str:
     """One torchrun line per node (cluster and path variables from the environment); the generated
     autopar_torchtitan.py must be on PYTHONPATH."""
-    args = torchtitan_args(pf, _RUN_ARGS)
+    args = torchtitan_args(pf, (*_RUN_ARGS, *_checkpoint_args(pf)[0]))
     words = " ".join(a if a.startswith('"$') else shlex.quote(a) for a in args)
     return f"{TORCHRUN} \\\n    -m torchtitan.train {words}"
 
 
+def _checkpoint_args(pf: PlanFile) -> tuple[list[str], int | None, int]:
+    """(--checkpoint.* arguments, the planned run's steps or None, the interval) (checkpoint_schedule)."""
+    interval, async_save, steps = checkpoint_schedule(pf)
+    return (["--checkpoint.interval", str(interval)] + (["--checkpoint.async-mode", "async"] if async_save else []),
+            steps, interval)
+
+
 def export_torchtitan(pf: PlanFile) -> str:
     args = torchtitan_args(pf)
+    checkpoint, steps, interval = _checkpoint_args(pf)
     settings = "\n".join([
         "# ---- Set these: tokenizer and weights folder, data, outputs ----",
         'HF_ASSETS_PATH="${HF_ASSETS_PATH:-/path/to/hf_assets}"   # <-- SET: tokenizer (and config.json) folder',
         'DATASET_PATH="${DATASET_PATH:-/path/to/dataset}"         # <-- SET: local copy of the dataset',
         'DUMP_FOLDER="${DUMP_FOLDER:-./outputs}"                   # <-- SET: logs and checkpoints',
-        'TRAIN_STEPS="${TRAIN_STEPS:-10000}"                       # <-- SET: training length',
+        'TRAIN_STEPS="${TRAIN_STEPS:-' + str(steps or 10000) + '}"' + " " * max(1, 27 - len(str(steps or 10000)))
+        + "# <-- SET: training length" + (" (the planned run's)" if steps else ""),
+        f"# Checkpoint every {interval} steps: the interval that maximises goodput under the run's interruptions"
+        " (autopar.cost.run).",
     ])
     note = balance_note(pf.target.model_spec)
     parts = [header(pf, "torchtitan", "torchtitan launch"), *([f"# Note: {note}."] if note else []), settings,
              cluster_block(pf, 29500), _PYTHONPATH,
-             bash_array("PLAN_ARGS", args[:-1]), bash_array("RUN_ARGS", list(_RUN_ARGS)),
+             bash_array("PLAN_ARGS", args[:-1]), bash_array("RUN_ARGS", [*_RUN_ARGS, *checkpoint]),
              f'{TORCHRUN} \\\n    -m torchtitan.train "${{PLAN_ARGS[@]}}" "${{RUN_ARGS[@]}}" {args[-1]}']
     return "\n\n".join(parts) + "\n"

@@ -89,6 +89,9 @@ class FrameworkSpec:
     zero2_keeps_weights_gathered: bool = False  # stage 2 shards all states and keeps the bf16 weights twice
     layer_split: str = "megatron"  # default split of uneven layer counts: "megatron" | "torchtitan"
     tied_embedding_copy_with_pp: bool = False  # tied embeddings keep a second copy on the last stage
+    # --- checkpoints (autopar.cost.run)
+    checkpoint_bytes_per_param: float = 14.0  # what a checkpoint writes per parameter
+    async_checkpoint: bool = False  # can save in the background (only the device-to-host copy blocks)
     # --- cost profile of the current releases and older releases that behaved differently
     profile: FrameworkProfile | None = None
     releases: tuple[tuple[str, FrameworkProfile], ...] = ()

@@ -28,6 +28,10 @@ Cost profile, per field (sources):
   (4 bytes per module parameter). Parameters smaller than stage3_param_persistence_threshold
   (default 1e5 elements, deepspeed/runtime/zero/constants.py since v0.3.13) stay unpartitioned:
   norms and biases are never gathered.
+- checkpoints: save_checkpoint writes the 16-bit module weights (mp_rank_*_model_states.pt) and
+  each rank's ZeRO partition of the fp32 master weights and two Adam moments
+  (*_optim_states.pt): 2 + 12 = 14 bytes per parameter, synchronously (the engine has no
+  background save).
 - TP backward: Megatron-DeepSpeed's tp all-reduce, charged as the forward.
 - elementwise kernels: the Hugging Face model's eager code (LlamaRMSNorm upcasts to fp32, the MLP is
   act(gate)·up; it compiles only when the training script calls engine.compile()). LayerNorm and
@@ -111,7 +115,7 @@ SPEC = FrameworkSpec(
     cp_comm_types=(), default_cp_comm_type="p2p",
     offers_tp=False, offers_ep=False, offers_interleaving=False, offers_fp8=False,
     even_layer_split=True, max_zero_with_pp=1,
-    state_bytes_per_param=(2.0, 2.0, 12.0),
+    state_bytes_per_param=(2.0, 2.0, 12.0), checkpoint_bytes_per_param=14.0, async_checkpoint=False,
     profile=PROFILE, releases=(("0.3", V0_3), ("megatron-deepspeed", MEGATRON_DEEPSPEED)),
     plan_refusals=plan_refusals,
     exporter="autopar.export:deepspeed_files", importer="autopar.export.importers:plan_from_deepspeed_config",

@@ -32,6 +32,10 @@ Cost profile, per field (sources):
   (grouped) heads, overlapped with the attention steps.
 - elementwise kernels: fused norms (Transformer Engine / Apex), RoPE (--apply-rope-fusion, on by
   default) and bias-activation (--bias-swiglu-fusion / --bias-gelu-fusion, on by default).
+- checkpoints: distributed checkpointing (--ckpt-format torch_dist) writes the model's bf16
+  weights and the distributed optimizer's fp32 main parameters and two Adam moments, 2 + 12 = 14
+  bytes per parameter, every rank its shard; --async-save writes in the background once each
+  rank's tensors are copied to host memory.
 - tied embeddings under pp > 1 keep a second copy of the embedding on the last stage
   (shared_embedding all-reduce).
 - release "pre-core", Megatron-LM before Megatron-Core's pipeline (commit 27fc468 of January 2021
@@ -66,6 +70,7 @@ SPEC = FrameworkSpec(
     cp_comm_types=("p2p", "a2a", "allgather"), default_cp_comm_type="p2p",
     grad_reduce_in_bf16_settable=True, sequential_experts_settable=True,
     state_bytes_per_param=(2.0, 4.0, 12.0), tied_embedding_copy_with_pp=True,
+    checkpoint_bytes_per_param=14.0, async_checkpoint=True,
     profile=PROFILE, releases=(("pre-core", PRE_CORE),),
     exporter="autopar.export:megatron_files", importer="autopar.export.importers:plan_from_megatron_args",
 )

@@ -42,6 +42,9 @@ Cost profile, per field (sources):
 - elementwise kernels: plain PyTorch (models/norms.py RMSNorm with an fp32 upcast, complex-number
   RoPE, silu·mul), fused only under torch.compile (plan field torch_compile, --compile.enable; on
   by default as autopar exports it).
+- checkpoints: torch.distributed.checkpoint writes the FSDP-sharded fp32 parameters and two Adam
+  moments, 4 + 8 = 12 bytes per parameter (components/checkpointer); --checkpoint.async-mode async
+  saves in a background thread once the state is staged in host memory.
 - layer split: torchtitan's own rule for uneven pipeline splits (autopar.cost.layout
   torchtitan_layer_counts).
 - release "2024-12", commit 9dec370 with torchao eab345c (the torchtitan-2412 runs): float8
@@ -215,6 +218,7 @@ SPEC = FrameworkSpec(
     cp_comm_types=("allgather",), default_cp_comm_type="allgather",
     default_torch_compile=True, selective_label="selective(op)",
     state_bytes_per_param=(4.0, 4.0, 8.0), zero2_keeps_weights_gathered=True, layer_split="torchtitan",
+    checkpoint_bytes_per_param=12.0, async_checkpoint=True,
     profile=PROFILE, releases=(("2024-12", DEC_2024),),
     model_refusals=model_refusals, plan_refusals=plan_refusals,
     exporter="autopar.export:torchtitan_files",

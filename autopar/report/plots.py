@@ -25,6 +25,7 @@ from rich.text import Text
 from autopar.cost.pipeline import BACKWARD, FORWARD, exposed_p2p_hops, simulate_interleaved
 from autopar.cost.step import Estimate
 from autopar.report.sweep import SweepPoint, scaling_efficiency, swept_axis, sweep_table
+from autopar.report.tables import human_count
 from autopar.report.tables import gib, seconds
 from autopar.schema.plan import ParallelPlan
 from autopar.units import GiB
@@ -504,12 +505,14 @@ def _text_height(fig, ax, fontsize: float) -> float:
 # --------------------------------------------------------------------------- sweep
 
 
-def plot_sweep(points: Sequence[SweepPoint], path: str | Path) -> Path:
+def plot_sweep(points: Sequence[SweepPoint], path: str | Path, runs: Sequence[dict | None] | None = None) -> Path:
     """tokens/s/GPU (left axis) and MFU (right axis) against the swept variable, each point labelled
-    with its best layout; points without a plan are marked on the x axis. Needs matplotlib."""
+    with its best layout; points without a plan are marked on the x axis. With `runs` (each point's
+    whole-run block, autopar.cost.run), a second panel: days and GPU-hours to the token count, each
+    point labelled with its goodput (more GPUs: fewer days, more interruptions). Needs matplotlib."""
     axis = swept_axis(points)
-    fig = _figure(width=max(7.0, 1.6 * len(points)), height=4.8)
-    ax = fig.add_subplot()
+    fig = _figure(width=max(7.0, 1.6 * len(points)), height=8.4 if runs else 4.8)
+    ax = fig.add_subplot(2, 1, 1) if runs else fig.add_subplot()
     xs = list(range(len(points)))
     ok = [i for i, p in enumerate(points) if p.fits]
     tps = [points[i].tokens_per_s_per_gpu for i in ok]
@@ -543,9 +546,37 @@ def plot_sweep(points: Sequence[SweepPoint], path: str | Path) -> Path:
     ax.set_title(f"{first.model} on {first.cluster}: best plan per point ({fixed}){eff_note}", fontsize=11)
     h1, l1 = ax.get_legend_handles_labels()
     h2, l2 = ax2.get_legend_handles_labels()
+    if runs:
+        h3, l3 = _plot_runs(fig.add_subplot(2, 1, 2), points, runs, axis)
+        h1, l1 = h1 + h3, l1 + l3
     fig.legend(h1 + h2, l1 + l2, loc="lower center", ncol=3, fontsize=9, frameon=False)
     fig.tight_layout(rect=(0, 0.07, 1, 1))
     return _save(fig, path)
+
+
+def _plot_runs(ax, points: Sequence[SweepPoint], runs: Sequence[dict | None], axis: str):
+    """Days to the token count (bars, P10–P90 whiskers, goodput above) and GPU-hours (line, right axis)."""
+    ok = [i for i, r in enumerate(runs) if r is not None]
+    days = [runs[i]["days"] for i in ok]
+    err = [[runs[i]["days"] - runs[i]["days_low"] for i in ok], [runs[i]["days_high"] - runs[i]["days"] for i in ok]]
+    ax.bar(ok, days, yerr=err, color=COLORS["forward"], alpha=0.6, capsize=4, label="days (P10–P90)")
+    for i in ok:
+        ax.annotate(f"goodput {runs[i]['goodput']:.1%}", (i, runs[i]["days_high"]), textcoords="offset points",
+                    xytext=(0, 4), ha="center", fontsize=8)
+    ax.set_ylabel("days")
+    ax.set_ylim(0, max((runs[i]["days_high"] for i in ok), default=1.0) * 1.25)
+    ax.set_xticks(range(len(points)), [str(p.value(axis)) for p in points])
+    ax.set_xlim(-0.6, len(points) - 0.4)
+    ax.set_xlabel(_axis_label(axis))
+    tokens = next((runs[i]["train_tokens"] for i in ok), 0.0)
+    ax.set_title(f"the whole run to {human_count(tokens)} tokens", fontsize=11)
+    ax2 = ax.twinx()
+    ax2.plot(ok, [runs[i]["gpu_hours"] for i in ok], marker="o", color=COLORS["recompute"], label="GPU-hours")
+    ax2.set_ylim(0, max((runs[i]["gpu_hours"] for i in ok), default=1.0) * 1.3)
+    ax2.set_ylabel("GPU-hours", color=COLORS["recompute"])
+    h1, l1 = ax.get_legend_handles_labels()
+    h2, l2 = ax2.get_legend_handles_labels()
+    return h1 + h2, l1 + l2
 
 
 def _point_label(axis: str, value: int) -> str:
@@ -561,7 +592,7 @@ def _axis_label(axis: str) -> str:
 
 def save_picture(kind: str, path: str | Path, *, plan: ParallelPlan | None = None,
                  estimate: Estimate | None = None, points: Sequence[SweepPoint] | None = None,
-                 console: Console | None = None) -> str:
+                 console: Console | None = None, runs: Sequence[dict | None] | None = None) -> str:
     """Write a picture of `kind` ("timeline": plan + estimate; "memory": estimate; "sweep": points).
     A path ending in .png/.svg/.pdf is written with matplotlib; with path "-", another suffix, or
     matplotlib missing, the terminal rendering is printed instead. Returns a one-line note."""
@@ -575,7 +606,7 @@ def save_picture(kind: str, path: str | Path, *, plan: ParallelPlan | None = Non
             elif kind == "memory":
                 plot_memory(estimate, path_s, plan)
             else:
-                plot_sweep(points, path_s)
+                plot_sweep(points, path_s, runs)
             return f"wrote the {kind} picture to {path_s}"
         note = f"matplotlib is not installed, so the {kind} is drawn here instead of {path_s}; {INSTALL_HINT}"
     elif path_s == "-":

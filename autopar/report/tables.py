@@ -284,3 +284,35 @@ _SWITCH_ROWS = (
     ("grouped GEMM", lambda p: "on" if p.moe_grouped_gemm else "off (experts one by one)"),
     ("tp comm overlap", lambda p: "on" if p.tp_comm_overlap else "off"),
 )
+
+
+def _days(block: dict) -> str:
+    return f"{block['days']:,.1f} days (P10–P90 {block['days_low']:,.1f}–{block['days_high']:,.1f})"
+
+
+def print_run(console: Console, block: dict, what: str = "") -> None:
+    """The whole run of one plan (autopar.cost.run): days, GPU-hours, cost, goodput and why."""
+    cost = f", ${block['cost_usd']:,.0f}" if block["cost_usd"] is not None else ""
+    saved = "async" if block.get("async_save") else "sync"
+    console.print(f"Run{' of the ' + what if what else ''}: {human_count(block['train_tokens'])} tokens in {block['steps']:,} steps, "
+                  f"{_days(block)}, {block['gpu_hours']:,.0f} GPU-hours{cost}, goodput {block['goodput']:.1%}")
+    console.print(f"  interrupted every {block['mtbf_hours']:.2f} h ({block['interruptions']:,.0f} times); "
+                  f"a {block['checkpoint_bytes'] / 1e12:.3g} TB checkpoint every {block['checkpoint_interval_steps']:,} "
+                  f"steps ({block['checkpoint_interval_s'] / 60:.3g} min, {saved}, blocks "
+                  f"{block['checkpoint_write_s']:.3g} s); a restart takes {block['restart_s'] / 60:.3g} min")
+
+
+def print_runs(console: Console, rows: list, title: str = "Whole run") -> None:
+    """One row per plan or sweep point: days, GPU-hours, cost, goodput, interruptions (None: no plan)."""
+    t = Table(title=title)
+    for col in ("plan", "days", "P10–P90", "GPU-hours", "cost", "goodput", "interruptions"):
+        t.add_column(col, justify="left" if col == "plan" else "right")
+    for label, block in rows:
+        if block is None:
+            t.add_row(str(label), "—", "—", "—", "—", "—", "—")
+            continue
+        cost = f"${block['cost_usd']:,.0f}" if block["cost_usd"] is not None else "—"
+        t.add_row(str(label), f"{block['days']:,.1f}", f"{block['days_low']:,.1f}–{block['days_high']:,.1f}",
+                  f"{block['gpu_hours']:,.0f}", cost, f"{block['goodput']:.1%}", f"{block['interruptions']:,.0f}")
+    console.print(t)
+
