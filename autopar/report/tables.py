@@ -293,13 +293,13 @@ def _days(block: dict) -> str:
 def print_run(console: Console, block: dict, what: str = "") -> None:
     """The whole run of one plan (autopar.cost.run): days, GPU-hours, cost, goodput and why."""
     cost = f", ${block['cost_usd']:,.0f}" if block["cost_usd"] is not None else ""
-    saved = "async" if block.get("async_save") else "sync"
-    console.print(f"Run{' of the ' + what if what else ''}: {human_count(block['train_tokens'])} tokens in {block['steps']:,} steps, "
-                  f"{_days(block)}, {block['gpu_hours']:,.0f} GPU-hours{cost}, goodput {block['goodput']:.1%}")
-    console.print(f"  interrupted every {block['mtbf_hours']:.2f} h ({block['interruptions']:,.0f} times); "
-                  f"a {block['checkpoint_bytes'] / 1e12:.3g} TB checkpoint every {block['checkpoint_interval_steps']:,} "
-                  f"steps ({block['checkpoint_interval_s'] / 60:.3g} min, {saved}, blocks "
-                  f"{block['checkpoint_write_s']:.3g} s); a restart takes {block['restart_s'] / 60:.3g} min")
+    saved = "async, blocks" if block.get("async_save") else "sync, blocks"
+    console.print(f"Run{' of the ' + what if what else ''}: {human_count(block['train_tokens'])} tokens in "
+                  f"{block['steps']:,} steps: {_days(block)}, goodput {block['goodput']:.1%}")
+    console.print(f"  {block['gpu_hours']:,.0f} GPU-hours{cost}; interrupted every {block['mtbf_hours']:.2f} h "
+                  f"({block['interruptions']:,.0f} times), {block['restart_s'] / 60:.3g} min a restart")
+    console.print(f"  a {block['checkpoint_bytes'] / 1e12:.3g} TB checkpoint every {block['checkpoint_interval_steps']:,} "
+                  f"steps ({block['checkpoint_interval_s'] / 60:.3g} min; {saved} {block['checkpoint_write_s']:.3g} s)")
 
 
 def print_runs(console: Console, rows: list, title: str = "Whole run") -> None:
