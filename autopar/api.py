@@ -187,7 +187,9 @@ def export_plan_file(path: str, fmt: str) -> dict[str, str]:
     from autopar.export import export
     from autopar.schema.plan_file import read_plan_file
 
-    return export(read_plan_file(path), fmt)
+    pf = read_plan_file(path)
+    load_target_model(pf.target.model, pf.target.model_spec)  # the model it names is the one it describes
+    return export(pf, fmt)
 
 
 def export_plan(model: str, cluster: str, gpus: int, plan: ParallelPlan, est: Estimate, fmt: str,

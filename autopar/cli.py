@@ -180,9 +180,27 @@ def _check_outputs(paths: list[str], force: bool) -> None:
 
 
 def _emit_json(data: Any) -> None:
+    """`data` as JSON; a number that is not finite (JSON has none) is written as null."""
     import json
 
-    sys.stdout.write(json.dumps(data, indent=2, sort_keys=False, default=_json_default) + "\n")
+    try:
+        text = json.dumps(data, indent=2, sort_keys=False, default=_json_default, allow_nan=False)
+    except ValueError:
+        text = json.dumps(_finite(data), indent=2, sort_keys=False, default=_json_default, allow_nan=False)
+    sys.stdout.write(text + "\n")
+
+
+def _finite(data: Any) -> Any:
+    """`data` with every non-finite float replaced by None."""
+    import math
+
+    if isinstance(data, float):
+        return data if math.isfinite(data) else None
+    if isinstance(data, dict):
+        return {k: _finite(v) for k, v in data.items()}
+    if isinstance(data, (list, tuple)):
+        return [_finite(v) for v in data]
+    return data
 
 
 def _json_default(obj: Any) -> Any:
@@ -858,7 +876,10 @@ def entry() -> None:
     interpreter's final collection and module teardown took ~0.1 s of every `plan` process (a
     tenth of its wall time) to free memory the OS reclaims at once. Everything the commands write
     goes through closed files (autopar.io); standard output and error are flushed here. A library
-    caller (or a test) calls `main`, which exits through SystemExit as usual."""
+    caller (or a test) calls `main`, which exits through SystemExit as usual. A terminal or pipe
+    whose encoding cannot write a character autopar prints (PYTHONIOENCODING=ascii: '·', '≈', box
+    lines) gets an escape for it instead of a UnicodeEncodeError."""
+    _escape_unwritable_characters()
     try:
         main()
         code = 0
@@ -875,6 +896,17 @@ def entry() -> None:
         except (OSError, ValueError):  # a closed pipe (`autopar ... | head`) or stream
             pass
     os._exit(code)
+
+
+def _escape_unwritable_characters() -> None:
+    """Standard output and error write what their encoding lacks as backslash escapes."""
+    for stream in (sys.stdout, sys.stderr):
+        encoding = (getattr(stream, "encoding", None) or "").lower().replace("-", "")
+        if encoding not in ("utf8", "utf16", "utf32") and hasattr(stream, "reconfigure"):
+            try:
+                stream.reconfigure(errors="backslashreplace")
+            except (ValueError, OSError):
+                pass
 
 
 def main() -> None:

@@ -19,7 +19,7 @@ from pydantic import BaseModel, ValidationError
 
 from autopar.data import data_dir
 from autopar.errors import InputFileError, SchemaError, UnknownClusterError
-from autopar.io import read_text_file
+from autopar.io import YamlKeyError, read_text_file
 from autopar.limits import MAX_GPUS, check_name, clip, clip_repr
 from autopar.schema.hardware import ClusterProfile
 from autopar.schema.plain import build
@@ -196,12 +196,14 @@ def _parse_yaml(text: str, fast: bool) -> Any:
     messages autopar quotes."""
     import yaml
 
+    from autopar.io import strict_yaml
+
     if fast:
         try:
-            return yaml.load(text, Loader=getattr(yaml, "CSafeLoader", yaml.SafeLoader))
+            return strict_yaml(text, fast=True)
         except yaml.YAMLError:
             pass  # the pure-Python loader words the error
-    return yaml.safe_load(text)
+    return strict_yaml(text)
 
 
 def _text_sha256(text: str) -> str:
@@ -251,6 +253,8 @@ def _read_yaml(path: Path, fast: bool = False) -> Any:
         where = f" at line {mark.line + 1}, column {mark.column + 1}" if mark is not None else ""
         problem = clip(getattr(err, "problem", None) or "invalid YAML")
         raise InputFileError(f"cluster file {clip(path)} is not valid YAML{where} ({problem}); fix the syntax") from None
+    except YamlKeyError as err:
+        raise InputFileError(f"cluster file {clip(path)}: {err}") from None
     except (ValueError, RecursionError):
         raise InputFileError(f"cluster file {clip(path)} cannot be parsed; pass a cluster profile YAML") from None
 

@@ -15,6 +15,7 @@ from pydantic import ValidationError
 
 from autopar.cost.params import CostParams, cost_model_for_gpu, load_cost_model
 from autopar.errors import InvalidPlanError
+from autopar.limits import clip_repr
 from autopar.hardware import Cluster, load_cluster
 from autopar.model import PRESET_NAMES, ModelGraph, build_graph, load_model
 from autopar.schema import one_line
@@ -46,7 +47,21 @@ def load_target_model(model: str, spec: ModelSpec) -> ModelGraph:
         available = model in PRESET_NAMES or Path(model).expanduser().exists()
     except (OSError, ValueError):  # a name no file system holds (too long, a NUL): use the stored spec
         available = False
-    return load_model(model) if available else build_graph(spec)
+    if not available:
+        return build_graph(spec)
+    graph = load_model(model)
+    differ = [f"{f} {getattr(spec, f)} (the model has {getattr(graph.spec, f)})" for f in _SHAPE
+              if getattr(spec, f) != getattr(graph.spec, f)]
+    if differ:
+        raise InvalidPlanError(f"the plan file names model {clip_repr(model)} but its model_spec describes another "
+                               f"model: {', '.join(differ)}; re-plan it, or fix model or model_spec in the file")
+    return graph
+
+
+# What a plan file's stored model must share with the model it names (else explain, which reads the
+# name, and export, which reads the spec, would describe two models).
+_SHAPE = ("num_layers", "hidden_size", "num_attention_heads", "kv_heads", "head_size", "ffn_hidden_size",
+          "vocab_size", "moe", "mla", "tie_embeddings")
 
 
 def make_plan(**fields: Any) -> ParallelPlan:
@@ -67,6 +82,9 @@ def plan_from_fields(fields: dict[str, Any], gpus: int, global_batch: int, seq_l
     merged = {**defaults, **a, "global_batch": global_batch, "seq_len": seq_len}
     if rec is not None:
         merged["recompute"] = {"mode": rec} if isinstance(rec, str) else rec
+    if dp is not None and (isinstance(dp, bool) or not isinstance(dp, int) or dp < 1):
+        raise InvalidPlanError(f"{where}dp {clip_repr(dp)} must be a whole number of at least 1 (or drop it: it is "
+                               "derived)")
     plan = make_plan(**merged)
     if dp is not None and plan.model_parallel_size() * dp != gpus:
         raise InvalidPlanError(f"{where}dp {dp} · tp·pp·cp {plan.model_parallel_size()} != {gpus} GPUs; "

@@ -190,3 +190,36 @@ def _stage(target: Path, data: str | bytes, executable: tuple[str, ...], what: s
         os.unlink(tmp)
         raise
     return tmp
+
+
+class YamlKeyError(ValueError):
+    """A YAML mapping whose keys are not names, or that names one twice (strict_yaml)."""
+
+
+def strict_yaml(text: str, fast: bool = False) -> Any:
+    """YAML as yaml.safe_load reads it, but a key that is not a string (`1: 2`, `null: x`) and a key
+    given twice in one mapping (where PyYAML keeps the second silently) raise YamlKeyError naming the
+    key and its line. `fast`: libyaml's parser where PyYAML has it (the constructor is the same)."""
+    import yaml
+
+    base = getattr(yaml, "CSafeLoader", yaml.SafeLoader) if fast else yaml.SafeLoader
+
+    class Strict(base):  # type: ignore[misc, valid-type]
+        pass
+
+    def mapping(loader, node, deep=False):
+        seen: set[str] = set()
+        for key_node, _ in node.value:
+            if key_node.tag == "tag:yaml.org,2002:merge":
+                continue
+            key = loader.construct_object(key_node, deep=True)
+            line = key_node.start_mark.line + 1
+            if not isinstance(key, str):
+                raise YamlKeyError(f"key {key!r} at line {line} is not a name; quote it or rename it")
+            if key in seen:
+                raise YamlKeyError(f"key {key!r} appears twice in one mapping (again at line {line}); keep one")
+            seen.add(key)
+        return yaml.constructor.SafeConstructor.construct_mapping(loader, node, deep=deep)
+
+    Strict.add_constructor(yaml.resolver.BaseResolver.DEFAULT_MAPPING_TAG, mapping)
+    return yaml.load(text, Loader=Strict)

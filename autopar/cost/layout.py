@@ -250,7 +250,16 @@ def layout_violations(plan: ParallelPlan, cluster: Cluster, graph: ModelGraph) -
     s = graph.spec
     return plan_violations(plan, num_gpus=cluster.num_gpus, num_layers=s.num_layers, num_heads=s.num_attention_heads,
                            num_kv_heads=s.kv_heads, num_experts=s.moe.num_experts if s.moe else 0,
-                           gpus_per_node=cluster.gpus_per_node)
+                           gpus_per_node=cluster.gpus_per_node) + precision_violations(plan.precision, cluster)
+
+
+def precision_violations(precision: str, cluster: Cluster) -> list[str]:
+    """A precision the cluster's GPU has no tensor-core peak for (fp8 on an A100), with the fix."""
+    if str(precision) in cluster.peak_flops_by_dtype:
+        return []
+    supported = ", ".join(d for d in ("bf16", "fp8") if d in cluster.peak_flops_by_dtype)
+    return [f"the {cluster.gpu_name} of {cluster.name} has no {precision} tensor cores (its profile gives no {precision} "
+            f"peak); use --precision {supported or 'bf16'}"]
 
 
 def check_layout(plan: ParallelPlan, cluster: Cluster, graph: ModelGraph) -> None:

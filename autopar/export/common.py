@@ -3,6 +3,7 @@ the node shape, and the bash that launches one process group per node."""
 
 from __future__ import annotations
 
+import re
 import shlex
 from typing import Sequence
 
@@ -59,14 +60,30 @@ def node_shape(pf: PlanFile) -> tuple[int, int]:
     return plan_layout(pf).launch_shape
 
 
+# The only words a script leaves unquoted: its own variables, "$NAME" (the exporters' path settings).
+_OWN_VARIABLE = re.compile(r'"\$[A-Z_][A-Z0-9_]*"')
+
+
+def shell_word(arg: str) -> str:
+    """`arg` for a bash command line: one of the script's own "$VARIABLE" references as it is, anything
+    else shell-quoted (a value from a file can never become a command)."""
+    return arg if _OWN_VARIABLE.fullmatch(arg) else shlex.quote(arg)
+
+
+def comment_safe(text: object) -> str:
+    """`text` for a comment or docstring of a generated file: on one line, every character that is
+    not printable (a newline would end the comment and start a command) written as its escape."""
+    return "".join(ch if ch.isprintable() else ch.encode("unicode_escape").decode("ascii") for ch in str(text))
+
+
 def bash_array(name: str, args: Sequence[str], per_line: int = 2) -> str:
-    """`NAME=( ... )` with flag/value pairs on one line each, every word shell-quoted."""
+    """`NAME=( ... )` with flag/value pairs on one line each, every word shell-quoted (shell_word)."""
     lines, current = [], []
     for arg in args:
         if arg.startswith("--") and current:
             lines.append(" ".join(current))
             current = []
-        current.append(arg if arg.startswith("$") or arg.startswith('"$') else shlex.quote(arg))
+        current.append(shell_word(arg))
     if current:
         lines.append(" ".join(current))
     body = "\n".join(f"    {line}" for line in lines)
@@ -78,8 +95,8 @@ def header(pf: PlanFile, framework: str, what: str) -> str:
     dp = plan_layout(pf).dp
     return "\n".join([
         "#!/usr/bin/env bash",
-        f"# {what} for {spec.name} on {pf.target.gpus} GPUs ({pf.target.cluster}), written by autopar "
-        f"{pf.autopar_version} plan schema {pf.schema_version}.",
+        f"# {what} for {comment_safe(spec.name)} on {pf.target.gpus} GPUs ({comment_safe(pf.target.cluster)}), "
+        f"written by autopar {comment_safe(pf.autopar_version)} plan schema {pf.schema_version}.",
         f"# Plan: {plan.layout()} dp{dp}, micro batch {plan.mbs}, global batch {plan.global_batch} sequences of "
         f"{plan.seq_len} tokens, zero {plan.zero}, recompute {plan.recompute.label(plan.framework)}, {plan.precision}.",
         f"# Target framework: {framework}. Lines marked '<-- SET' name your paths; everything else is the plan.",

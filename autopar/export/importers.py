@@ -22,7 +22,7 @@ from autopar.cost.layout import stage_layer_counts
 from autopar.errors import InputFileError
 from autopar.export.megatron_rules import parse_layout, parse_megatron_argv
 from autopar.io import read_json_object, read_text_file
-from autopar.limits import clip_repr
+from autopar.limits import MAX_GLOBAL_BATCH, MAX_GPUS, clip_repr
 from autopar.schema import one_line
 from autopar.schema.plan import ParallelPlan, Recompute
 
@@ -158,6 +158,7 @@ def plan_from_megatron_args(args: str | Path | list[str], num_gpus: int | None =
     if num_gpus is None and env.get("GPUS_PER_NODE", "").isdigit() and env.get("NNODES", "").isdigit():
         num_gpus = int(env["GPUS_PER_NODE"]) * int(env["NNODES"])
     _refuse_unmodelled(a)
+    _check_ranges(a)
     model = megatron_model_fields(a)
     fields: dict[str, Any] = {
         "tp": a["tensor_model_parallel_size"], "pp": a["pipeline_model_parallel_size"],
@@ -180,6 +181,35 @@ def plan_from_megatron_args(args: str | Path | list[str], num_gpus: int | None =
         return ParallelPlan(**fields), model
     except ValidationError as exc:
         raise InputFileError(one_line(exc, "the Megatron arguments give an invalid plan"))
+
+
+# Integer arguments autopar reads, with the smallest value Megatron accepts; the largest is the
+# limits' (autopar.limits), so no later arithmetic divides by zero or builds a list of 10^12 items.
+_POSITIVE = ("tensor_model_parallel_size", "pipeline_model_parallel_size", "context_parallel_size",
+             "expert_model_parallel_size", "expert_tensor_parallel_size", "micro_batch_size", "global_batch_size",
+             "seq_length", "num_layers", "hidden_size", "ffn_hidden_size", "num_attention_heads", "num_query_groups",
+             "num_experts", "moe_ffn_hidden_size", "kv_channels", "num_layers_per_virtual_pipeline_stage",
+             "num_virtual_stages_per_pipeline_rank", "vocab_size", "max_position_embeddings")
+_NON_NEGATIVE = ("decoder_first_pipeline_num_layers", "decoder_last_pipeline_num_layers", "recompute_num_layers",
+                 "mtp_num_layers", "moe_shared_expert_intermediate_size", "q_lora_rank")
+
+
+def _check_ranges(a: Mapping[str, Any]) -> None:
+    """InputFileError naming the flag of an integer argument out of range (zero or negative where
+    Megatron needs a positive one, or beyond autopar's limits)."""
+    from autopar.export.megatron_rules import flag_of
+    from autopar.limits import MAX_GPUS, MAX_LAYERS, MAX_SEQ_LEN
+
+    highest = max(MAX_GPUS, MAX_LAYERS, MAX_SEQ_LEN, 1 << 24)
+    for dests, lowest in ((_POSITIVE, 1), (_NON_NEGATIVE, 0)):
+        for dest in dests:
+            value = a.get(dest)
+            if isinstance(value, bool) or not isinstance(value, int):
+                continue
+            if not lowest <= value <= highest:
+                shown = str(value) if len(str(value)) <= 20 else str(value)[:17] + "..."
+                raise InputFileError(f"{flag_of(dest)} {shown} is out of range: it must be from {lowest} to "
+                                     f"{highest:,}; fix the argument")
 
 
 def _refuse_unmodelled(a: Mapping[str, Any]) -> None:
@@ -410,15 +440,15 @@ def plan_from_deepspeed_config(config: str | Path | Mapping[str, Any], num_gpus:
     length, so the caller gives it. Pipeline stages come from "pipeline": {"stages": n}; no
     activation checkpointing reads as selective(core_attn), the memory of flash attention."""
     c = _ds_dict(config)
-    stages = c.get("pipeline", {}).get("stages", 1)
-    pp = stages if isinstance(stages, int) else 1
+    pipeline, zero = _ds_section(c, "pipeline"), _ds_section(c, "zero_optimization")
+    stages = pipeline.get("stages", 1)
+    pp = _ds_count(stages, "pipeline.stages", 1, MAX_GPUS) if stages != "auto" else 1
     if num_gpus % pp:
         raise InputFileError(f"pipeline stages {pp} do not divide {num_gpus} GPUs; fix num_gpus or the config")
     dp = num_gpus // pp
     mbs, gas, gbs = _ds_batch(c, dp)
-    zero = c.get("zero_optimization", {})
-    stage = int(zero.get("stage", 0))
-    if c.get("fp16", {}).get("enabled"):
+    stage = _ds_count(zero.get("stage", 0), "zero_optimization.stage", 0, 3)
+    if _ds_section(c, "fp16").get("enabled"):
         raise InputFileError("autopar plans bf16 or fp8 training; this DeepSpeed config enables fp16")
     overlap_comm = zero.get("overlap_comm", stage == 3)  # DeepSpeed's default: on for stage 3 only
     prefetch = zero.get("stage3_prefetch_bucket_size", zero.get("prefetch_bucket_size", 5e7))
@@ -431,10 +461,33 @@ def plan_from_deepspeed_config(config: str | Path | Mapping[str, Any], num_gpus:
         raise InputFileError(one_line(exc, "the DeepSpeed config gives an invalid plan"))
 
 
+def _ds_section(c: Mapping[str, Any], key: str) -> Mapping[str, Any]:
+    """The config's `key` section ({} when absent); InputFileError when it is not a mapping."""
+    value = c.get(key, {})
+    if not isinstance(value, Mapping):
+        raise InputFileError(f"DeepSpeed config key {key!r} must be a mapping of settings, not "
+                             f"{type(value).__name__}; fix the config")
+    return value
+
+
+def _ds_count(value: Any, key: str, lowest: int, highest: int) -> int:
+    """A whole-number setting from lowest to highest; InputFileError naming the key otherwise."""
+    if isinstance(value, bool) or not isinstance(value, int) or not lowest <= value <= highest:
+        shown = repr(value) if len(repr(value)) <= 24 else repr(value)[:21] + "..."
+        raise InputFileError(f"DeepSpeed config {key} {shown} must be a whole number from {lowest} to {highest:,}; "
+                             "fix the config")
+    return value
+
+
 def _ds_batch(c: Mapping[str, Any], dp: int) -> tuple[int, int, int]:
     """(micro batch, accumulation steps, global batch), filled in as DeepSpeed fills them."""
     gbs, mbs, gas = (c.get(k) for k in ("train_batch_size", "train_micro_batch_size_per_gpu",
                                          "gradient_accumulation_steps"))
+    for key, value in (("train_batch_size", gbs), ("train_micro_batch_size_per_gpu", mbs),
+                       ("gradient_accumulation_steps", gas)):
+        if value is not None and value != "auto":
+            _ds_count(value, key, 1, MAX_GLOBAL_BATCH * MAX_GPUS)
+    gbs, mbs, gas = (None if v == "auto" else v for v in (gbs, mbs, gas))
     if gbs is not None and mbs is not None and gas is None:
         gas = gbs // (mbs * dp)
     elif gbs is not None and gas is not None and mbs is None:

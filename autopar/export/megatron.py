@@ -28,7 +28,7 @@ The arguments are checked with megatron_rules before a script is written.
 from __future__ import annotations
 
 from autopar.errors import ExportError
-from autopar.export.common import (checkpoint_schedule, TORCHRUN, bash_array, cluster_block, header, layer_counts, plan_layout, refuse,
+from autopar.export.common import (checkpoint_schedule, comment_safe, TORCHRUN, bash_array, cluster_block, header, layer_counts, plan_layout, refuse,
                                    require_exportable)
 from autopar.export.megatron_rules import format_layout, megatron_notes, megatron_violations
 from autopar.schema.model import ModelSpec, MoESpec
@@ -306,7 +306,7 @@ def export_megatron(pf: PlanFile) -> str:
     plan = pf.parallel
     parts = [header(pf, "megatron", "Megatron-LM launch")]
     notes = megatron_notes([a for _, g in groups for a in g])
-    parts += ["\n".join(f"# Note: {n}" for n in notes)] if notes else []
+    parts += ["\n".join(f"# Note: {comment_safe(n)}" for n in notes)] if notes else []
     interval, async_save, steps = checkpoint_schedule(pf)
     iters = str(steps or 500000)
     settings = (_SETTINGS.replace("{train_iters}", iters).replace("{pad}", " " * max(1, 33 - len(iters)))

@@ -109,6 +109,12 @@ def _table() -> dict[str, _Flag]:
 
 
 MEGATRON_FLAGS: dict[str, _Flag] = _table()
+_DEST_TO_FLAG = {f.dest: flag for flag, f in reversed(list(MEGATRON_FLAGS.items()))}
+
+
+def flag_of(dest: str) -> str:
+    """The command-line flag of an argument (its first spelling in the table)."""
+    return _DEST_TO_FLAG.get(dest, "--" + dest.replace("_", "-"))
 
 
 def parse_megatron_argv(argv: Sequence[str]) -> dict[str, Any]:
@@ -198,6 +204,8 @@ def _pattern_product(tokens: list[str], pos: int) -> tuple[list[int], int]:
     while pos < len(tokens) and tokens[pos] == "*":
         if pos + 1 >= len(tokens) or not tokens[pos + 1].isdigit():
             raise ValueError("'*' must be followed by a count")
+        if len(tokens[pos + 1]) > 7 or len(value) * int(tokens[pos + 1]) > MAX_LAYOUT_CHARS:
+            raise ValueError(f"'* {tokens[pos + 1][:12]}' makes a list of more than {MAX_LAYOUT_CHARS:,} items")
         value, pos = value * int(tokens[pos + 1]), pos + 2
     return value, pos
 
@@ -229,13 +237,23 @@ def _pattern_atom(tokens: list[str], pos: int) -> tuple[list[int], int]:
 LAYOUT_CHARS = {"E": "embedding", "L": "loss", "t": "decoder", "m": "mtp"}
 
 
+MAX_LAYOUT_CHARS = 1 << 20  # a layout longer than this (2^20 layers and stages) is no model's
+
+
+def _repeat(unit: str, count: str) -> int:
+    """A layout repetition count, refused (ValueError) when it would spell more than MAX_LAYOUT_CHARS."""
+    if len(count) > 7 or len(unit) * int(count) > MAX_LAYOUT_CHARS:
+        raise ValueError(f"'{unit}*{count[:12]}' spells more than {MAX_LAYOUT_CHARS:,} layers and stages")
+    return int(count)
+
+
 def parse_layout(layout: str) -> list[str]:
     """The layout's stages in execution order (index = vpp_rank · pp + pp_rank), each a string of
     E/L/t/m. Grammar: '|' separates stages, 'x*n' repeats one character, '(..)*n' repeats a group
     (not nested), commas are cosmetic. Raises ValueError naming the bad character."""
     text = layout.replace(",", "")
-    text = re.sub(r"\(([^()]+)\)\*(\d+)", lambda m: m.group(1) * int(m.group(2)), text)
-    text = re.sub(r"(.)\*(\d+)", lambda m: m.group(1) * int(m.group(2)), text)
+    text = re.sub(r"\(([^()]+)\)\*(\d+)", lambda m: m.group(1) * _repeat(m.group(1), m.group(2)), text)
+    text = re.sub(r"(.)\*(\d+)", lambda m: m.group(1) * _repeat(m.group(1), m.group(2)), text)
     stages = text.split("|")
     for stage in stages:
         bad = [c for c in stage if c not in LAYOUT_CHARS]

@@ -38,7 +38,7 @@ from __future__ import annotations
 import shlex
 
 from autopar.cost.layout import Layout, torchtitan_layer_counts  # noqa: F401 (torchtitan's split, re-exported)
-from autopar.export.common import (checkpoint_schedule, DEFAULT_GPUS_PER_NODE, TORCHRUN, bash_array, cluster_block, header, layer_counts,
+from autopar.export.common import (checkpoint_schedule, comment_safe, shell_word, DEFAULT_GPUS_PER_NODE, TORCHRUN, bash_array, cluster_block, header, layer_counts,
                                    plan_layout, refuse, require_exportable)
 from autopar.frameworks import plan_refusals
 from autopar.frameworks.torchtitan import FLAVOURS, Flavour, flavour_for, no_flavour_reason  # noqa: F401 (re-exported)
@@ -164,6 +164,12 @@ def balance_note(spec: ModelSpec) -> str | None:
             "applied; experts are balanced by torchtitan's score bias (load_balance_coeff 1e-3) instead")
 
 
+def _doc_safe(text: object) -> str:
+    """`text` inside the generated module's docstring: one line (comment_safe), its backslashes and
+    quotes escaped, so no value ends the docstring."""
+    return comment_safe(text).replace("\\", "\\\\").replace('"', '\\"')
+
+
 def config_module(pf: PlanFile) -> str:
     """autopar_torchtitan.py: a config_registry module whose `autopar_plan()` is the registry config of
     the model's flavour with the model set as its config says (RoPE, norm epsilon, router, weight
@@ -173,11 +179,12 @@ def config_module(pf: PlanFile) -> str:
     fp8 = plan.precision == "fp8"
     note = balance_note(spec)
     lines = [
-        f'"""torchtitan 0.3 config_registry module written by autopar {pf.autopar_version} for {spec.name}: the',
+        f'"""torchtitan 0.3 config_registry module written by autopar {_doc_safe(pf.autopar_version)} for '
+        f'{_doc_safe(spec.name)}: the',
         f"{flavour.module} {flavour.flavor} flavour (same shape) with the model's own settings"
         f"{' and the float8 converter' if fp8 else ''}.",
         f"The launch passes --module {CONFIG_MODULE} --config {CONFIG_FN}; flags override the rest.",
-        *([f"Note: {note}."] if note else []),
+        *([f"Note: {_doc_safe(note)}."] if note else []),
         '"""', "",
         "from torchtitan.models.common import RMSNorm, RoPE",
         *(["from torchtitan.models.common.moe import TokenChoiceTopKRouter"] if spec.moe else []),
@@ -220,7 +227,7 @@ def torchtitan_launch_command(pf: PlanFile) -> str:
     """One torchrun line per node (cluster and path variables from the environment); the generated
     autopar_torchtitan.py must be on PYTHONPATH."""
     args = torchtitan_args(pf, (*_RUN_ARGS, *_checkpoint_args(pf)[0]))
-    words = " ".join(a if a.startswith('"$') else shlex.quote(a) for a in args)
+    words = " ".join(shell_word(a) for a in args)
     return f"{TORCHRUN} \\\n    -m torchtitan.train {words}"
 
 
@@ -245,7 +252,8 @@ def export_torchtitan(pf: PlanFile) -> str:
         " (autopar.cost.run).",
     ])
     note = balance_note(pf.target.model_spec)
-    parts = [header(pf, "torchtitan", "torchtitan launch"), *([f"# Note: {note}."] if note else []), settings,
+    parts = [header(pf, "torchtitan", "torchtitan launch"), *([f"# Note: {comment_safe(note)}."] if note else []),
+             settings,
              cluster_block(pf, 29500), _PYTHONPATH,
              bash_array("PLAN_ARGS", args[:-1]), bash_array("RUN_ARGS", [*_RUN_ARGS, *checkpoint]),
              f'{TORCHRUN} \\\n    -m torchtitan.train "${{PLAN_ARGS[@]}}" "${{RUN_ARGS[@]}}" {args[-1]}']

@@ -31,10 +31,14 @@ def _read_mapping(path: Path) -> dict:
     """Parse a JSON or YAML file into a dict, with one-line errors for every failure."""
     import yaml  # only model files need it (issue 15: presets load without PyYAML)
 
+    from autopar.io import YamlKeyError, strict_yaml
+
     text = read_text_file(path, "model file", "check the path or use a preset (autopar models)")
     is_json = path.suffix.lower() == ".json"
     try:
-        data = json.loads(text) if is_json else yaml.safe_load(text)
+        data = json.loads(text) if is_json else strict_yaml(text)
+    except YamlKeyError as exc:
+        raise InputFileError(f"model file {clip(path)}: {exc}")
     except (json.JSONDecodeError, yaml.YAMLError) as exc:
         where = getattr(exc, "lineno", None) or getattr(getattr(exc, "problem_mark", None), "line", None)
         raise InputFileError(f"model file {clip(path)} is malformed {'JSON' if is_json else 'YAML'}"

@@ -93,11 +93,11 @@ def parse_values(text: str, option: str, high: int | None = None) -> list[int]:
 
     high = high or {"--gpus": MAX_GPUS, "--global-batch": MAX_GLOBAL_BATCH, "--seq-len": MAX_SEQ_LEN}.get(option, MAX_GPUS)
     parts = [x.strip() for x in text.split(",") if x.strip()]
-    if not parts or not all(x.isascii() and x.isdigit() and int(x) > 0 for x in parts):
+    if not parts or not all(x.isascii() and x.isdigit() and x.strip("0") for x in parts):
         raise SchemaError(f"{option} {clip_repr(text)} must be positive whole numbers separated by commas, e.g. 8,16,32")
     if len(parts) > MAX_POINTS:
         raise SchemaError(f"{option} lists {len(parts)} values; a sweep takes at most {MAX_POINTS}, so sweep in parts")
-    too_big = [x for x in parts if int(x) > high]
+    too_big = [x for x in parts if len(x.lstrip("0")) > 18 or int(x) > high]  # (no 5,000-digit int conversion)
     if too_big:
         raise SchemaError(f"{option} {clip(too_big[0])} is over the limit of {high:,}; use smaller values")
     return [int(x) for x in parts]

@@ -11,7 +11,7 @@ from __future__ import annotations
 
 from typing import Any, Literal
 
-from pydantic import BaseModel, ConfigDict, Field
+from pydantic import BaseModel, ConfigDict, Field, model_validator
 
 from autopar.schema.types import Count, Real
 
@@ -75,6 +75,17 @@ class AttentionKernelRate(BaseModel):
     source: str = Field(..., min_length=1, description="Benchmark table or `autopar profile` run it comes from.")
 
 
+# The per-framework fields a cost-model file may replace: (section, lowest, highest).
+OVERRIDE_RANGES = {
+    "gemm_max": ("compute", 0.0, 1.0), "hbm_efficiency": ("compute", 0.0, 1.0),
+    "kernel_overhead_us": ("compute", 0.0, 1e6), "fp8_speedup": ("compute", 1.0, 4.0),
+    "layer_launch_floor_us": ("compute", 0.0, 1e6), "intra_node": ("network", 0.0, 1.0),
+    "inter_node": ("network", 0.0, 1.0), "collective_overhead_us": ("network", 0.0, 1e6),
+    "tp_overlap": ("network", 0.0, 1.0), "cp_overlap": ("network", 0.0, 1.0),
+}
+_TIME_KEYS = frozenset({"kernel_overhead_us", "layer_launch_floor_us", "collective_overhead_us"})
+
+
 class FrameworkEfficiency(BaseModel):
     """One framework's own fitted efficiencies, replacing the file's values for its plans."""
 
@@ -83,6 +94,23 @@ class FrameworkEfficiency(BaseModel):
     compute: dict[str, float] = Field(default_factory=dict, description="ComputeEfficiency fields replaced.")
     network: dict[str, float] = Field(default_factory=dict, description="NetworkEfficiency fields replaced.")
     source: str = Field(..., min_length=1, description="The runs these were fitted on, or why they are set.")
+
+    @model_validator(mode="after")
+    def _known_and_plausible(self) -> "FrameworkEfficiency":
+        """Every replaced field exists in its section and holds a value its section would accept:
+        an efficiency or overlap in (0, 1], an overhead in [0, 10^6] µs, an fp8 gain in [1, 4]."""
+        for section, values in (("compute", self.compute), ("network", self.network)):
+            for key, value in values.items():
+                if OVERRIDE_RANGES.get(key, (None,))[0] != section:
+                    known = ", ".join(k for k, (s, _, _) in OVERRIDE_RANGES.items() if s == section)
+                    raise ValueError(f"{section} override {key!r} is not a {section} efficiency; use one of {known}")
+                _, low, high = OVERRIDE_RANGES[key]
+                if isinstance(value, bool) or not (isinstance(value, (int, float)) and low <= value <= high) \
+                        or (low == 0.0 and key not in _TIME_KEYS and value == 0):
+                    raise ValueError(f"{section} override {key} = {value!r} must be in ({low}, {high}]"
+                                     if key not in _TIME_KEYS else
+                                     f"{section} override {key} = {value!r} must be from {low} to {high:g} µs")
+        return self
 
 
 class GemmPoint(BaseModel):
@@ -149,3 +177,14 @@ class CostModelFile(BaseModel):
         "benchmark (which table) or datasheet; keyed by section.field.")
     fit: FitReport | None = None
     measurements: dict[str, Any] = Field(default_factory=dict, description="Raw results of `autopar profile`.")
+
+    @model_validator(mode="after")
+    def _known_frameworks(self) -> "CostModelFile":
+        """Per-framework efficiencies only for frameworks autopar plans for."""
+        from autopar.frameworks import REGISTRY
+
+        unknown = sorted(set(self.frameworks) - set(REGISTRY))
+        if unknown:
+            raise ValueError(f"frameworks {', '.join(unknown)} are not frameworks autopar plans for; use "
+                             f"{', '.join(REGISTRY)}")
+        return self

@@ -12,7 +12,17 @@ from typing import Annotated, Literal
 
 from pydantic import BaseModel, ConfigDict, Field, StringConstraints
 
+from autopar.limits import MAX_GPUS
 from autopar.schema.types import Count, Real
+
+# Bounds a profile's numbers must keep, so that no conversion to base units overflows or divides by
+# nothing: far outside any accelerator (a 10 EFLOP/s GPU, 1 PiB of HBM, 10 PB/s links), far inside
+# a float's range.
+MIN_RATE = 1e-3  # TFLOP/s, GiB, GB/s, Gb/s: any smaller is a typo, and its reciprocal still finite
+MAX_TFLOPS = 1e7
+MAX_HBM_GIB = 1e6
+MAX_GB_PER_S = 1e7
+MAX_LATENCY_US = 1e6
 
 # defer_build: the validator is built on first validation; shipped data is built without one
 # (autopar.schema.plain), so `autopar plan` builds none of these classes (issue 15: start-up).
@@ -28,10 +38,10 @@ class PeakTFLOPS(BaseModel):
 
     model_config = _FROZEN
 
-    bf16: Real = Field(..., gt=0, description="Dense BF16 tensor-core peak, TFLOP/s.")
-    fp16: Real = Field(..., gt=0, description="Dense FP16 tensor-core peak, TFLOP/s.")
-    fp8: Real | None = Field(None, gt=0, description="Dense FP8 tensor-core peak, TFLOP/s; null where the GPU has no FP8 (A100).")
-    tf32: Real = Field(..., gt=0, description="Dense TF32 tensor-core peak, TFLOP/s.")
+    bf16: Real = Field(..., ge=MIN_RATE, le=MAX_TFLOPS, description="Dense BF16 tensor-core peak, TFLOP/s.")
+    fp16: Real = Field(..., ge=MIN_RATE, le=MAX_TFLOPS, description="Dense FP16 tensor-core peak, TFLOP/s.")
+    fp8: Real | None = Field(None, ge=MIN_RATE, le=MAX_TFLOPS, description="Dense FP8 tensor-core peak, TFLOP/s; null where the GPU has no FP8 (A100).")
+    tf32: Real = Field(..., ge=MIN_RATE, le=MAX_TFLOPS, description="Dense TF32 tensor-core peak, TFLOP/s.")
 
 
 class GPUSpec(BaseModel):
@@ -41,10 +51,10 @@ class GPUSpec(BaseModel):
 
     name: NonEmptyStr = Field(..., description="GPU model as the vendor names it, e.g. 'H100 SXM5 80GB'.")
     peak_tflops: PeakTFLOPS = Field(..., description="Dense tensor-core peaks by dtype, TFLOP/s.")
-    hbm_gib: Real = Field(..., gt=0, description="HBM capacity per GPU in GiB (1024**3 bytes).")
-    hbm_gb_per_s: Real = Field(..., gt=0, description="HBM bandwidth per GPU in GB/s (1e9 bytes/s).")
+    hbm_gib: Real = Field(..., ge=MIN_RATE, le=MAX_HBM_GIB, description="HBM capacity per GPU in GiB (1024**3 bytes).")
+    hbm_gb_per_s: Real = Field(..., ge=MIN_RATE, le=MAX_GB_PER_S, description="HBM bandwidth per GPU in GB/s (1e9 bytes/s).")
     hbm_type: str | None = Field(None, description="HBM generation (HBM2e, HBM3, HBM3e): the SKU, for the record.")
-    power_limit_w: Real | None = Field(None, gt=0, description="Board power limit the GPUs ran at, W; the peaks above must be those sustained at it.")
+    power_limit_w: Real | None = Field(None, ge=1, le=1e5, description="Board power limit the GPUs ran at, W; the peaks above must be those sustained at it.")
 
 
 class NodeSpec(BaseModel):
@@ -52,9 +62,9 @@ class NodeSpec(BaseModel):
 
     model_config = _FROZEN
 
-    gpus_per_node: Count = Field(..., ge=1, description="GPUs in one NVLink domain (one server).")
-    intra_node_gb_per_s: Real = Field(..., gt=0, description="NVLink bandwidth per GPU per direction, GB/s (half the vendor's bidirectional figure).")
-    intra_node_latency_us: Real = Field(..., ge=0, description="Per-message NVLink latency, microseconds.")
+    gpus_per_node: Count = Field(..., ge=1, le=MAX_GPUS, description="GPUs in one NVLink domain (one server).")
+    intra_node_gb_per_s: Real = Field(..., ge=MIN_RATE, le=MAX_GB_PER_S, description="NVLink bandwidth per GPU per direction, GB/s (half the vendor's bidirectional figure).")
+    intra_node_latency_us: Real = Field(..., ge=0, le=MAX_LATENCY_US, description="Per-message NVLink latency, microseconds.")
 
 
 class NetworkSpec(BaseModel):
@@ -62,11 +72,11 @@ class NetworkSpec(BaseModel):
 
     model_config = _FROZEN
 
-    nics_per_node: Count = Field(..., ge=1, description="Compute-fabric NICs per node (storage NICs excluded).")
-    nic_gbit_per_s: Real = Field(..., gt=0, description="Line rate of one NIC in Gb/s, as vendors state it (e.g. 400 for NDR).")
-    latency_us: Real = Field(..., ge=0, description="Per-message inter-node latency, microseconds.")
+    nics_per_node: Count = Field(..., ge=1, le=MAX_GPUS, description="Compute-fabric NICs per node (storage NICs excluded).")
+    nic_gbit_per_s: Real = Field(..., ge=MIN_RATE, le=MAX_GB_PER_S, description="Line rate of one NIC in Gb/s, as vendors state it (e.g. 400 for NDR).")
+    latency_us: Real = Field(..., ge=0, le=MAX_LATENCY_US, description="Per-message inter-node latency, microseconds.")
     topology: Topology = Field(..., description="Fabric shape: 'rail-optimized-fat-tree' or 'fat-tree'.")
-    oversubscription: Real = Field(1.0, ge=1, description="Fabric oversubscription ratio; 1 = non-blocking.")
+    oversubscription: Real = Field(1.0, ge=1, le=1e3, description="Fabric oversubscription ratio; 1 = non-blocking.")
 
 
 class ClusterProfile(BaseModel):

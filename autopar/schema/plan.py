@@ -13,7 +13,7 @@ attention, bf16, gradient-reduce and parameter-gather overlap on, TP communicati
 from __future__ import annotations
 
 from enum import Enum
-from typing import Any, Literal
+from typing import Annotated, Any, Literal
 
 from pydantic import BaseModel, ConfigDict, Field, model_validator
 
@@ -138,7 +138,7 @@ class ParallelPlan(BaseModel):
         "0.3.13-0.5.5 of 2021, synchronous ZeRO-3 gathers; deepspeed megatron-deepspeed: DeepSpeed running "
         "Megatron-DeepSpeed's GPT, fused kernels and loss, instead of a Hugging Face model; torchtitan 2024-12: "
         "commit 9dec370 with torchao's tensorwise float8); None = current releases.")
-    layers_per_stage: tuple[Count, ...] | None = Field(
+    layers_per_stage: tuple[Annotated[Count, Field(ge=0, le=MAX_LAYERS)], ...] | None = Field(
         None, description="Decoder layers per virtual stage (pp·vpp entries, in execution order); None = "
         "even, with any remainder taken off the first and last stages (they hold embedding and head).")
 
@@ -265,7 +265,7 @@ def parse_assignments(text: str, what: str = "--fix") -> dict[str, Any]:
                 raise InvalidPlanError(f"{what} {key}={clip_repr(value)}: the value must be a whole number")
             lowest = 0 if key == "zero" else 1
             highest = {"zero": 3, "vpp": MAX_LAYERS, "mbs": MAX_GLOBAL_BATCH}.get(key, MAX_GPUS)
-            if not lowest <= int(value) <= highest:
+            if len(value.lstrip("0")) > 18 or not lowest <= int(value) <= highest:  # no 5,000-digit conversion
                 raise InvalidPlanError(f"{what} {key}={clip(value)}: {key} must be from {lowest} to {highest:,}")
             out[key] = int(value)
         elif key == "sp":

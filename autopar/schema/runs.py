@@ -38,9 +38,9 @@ class UserRun(BaseModel):
     seq_len: Count = Field(..., ge=1)
     global_batch: Count = Field(..., ge=1)
     parallel: dict[str, Any] = Field(default_factory=dict, description="Plan fields (tp, pp, cp, ep, vpp, mbs, zero, sp, recompute, precision, framework, ...); the rest take estimate's defaults.")
-    step_time_s: Real | None = Field(None, gt=0, description="Measured step time in seconds.")
-    tokens_per_s_per_gpu: Real | None = Field(None, gt=0, description="Measured throughput, instead of step_time_s.")
-    peak_memory_gib: Real | None = Field(None, gt=0, description="Measured peak memory per GPU (max reserved), GiB.")
+    step_time_s: Real | None = Field(None, ge=1e-6, le=1e7, description="Measured step time in seconds (1 µs to 10^7 s).")
+    tokens_per_s_per_gpu: Real | None = Field(None, ge=1e-6, le=1e12, description="Measured throughput, instead of step_time_s.")
+    peak_memory_gib: Real | None = Field(None, ge=1e-6, le=1e6, description="Measured peak memory per GPU (max reserved), GiB.")
     source: str = Field("", description="Where and how it was measured (runs are grouped by it).")
     name: str | None = Field(None, min_length=1, description="Label of the run in reports.")
 

@@ -77,6 +77,11 @@ class SpaceSpec:
 
 def space_spec_for(graph, cluster, seq_len: int, global_batch: int, *, framework: str = Framework.MEGATRON,
                    precision: str = Precision.BF16, fix: dict | None = None, max_tp: int | None = None) -> SpaceSpec:
+    from autopar.cost.layout import precision_violations
+
+    problems = precision_violations(precision, cluster)
+    if problems:
+        raise InvalidPlanError("; ".join(problems))
     s = graph.spec
     return SpaceSpec(num_gpus=cluster.num_gpus, gpus_per_node=cluster.gpus_per_node, num_layers=s.num_layers,
                      num_heads=s.num_attention_heads, num_kv_heads=s.kv_heads,

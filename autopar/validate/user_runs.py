@@ -30,8 +30,12 @@ def load_user_runs(path: str) -> list[MeasuredRun]:
 
     p = Path(path).expanduser()
     text = read_text_file(p, "runs file", RUNS_FORMAT_HINT)
+    from autopar.io import YamlKeyError, strict_yaml
+
     try:
-        raw = yaml.safe_load(text)
+        raw = strict_yaml(text)
+    except YamlKeyError as exc:
+        raise InputFileError(f"runs file {p}: {exc}")
     except (yaml.YAMLError, ValueError, RecursionError):
         raise InputFileError(f"runs file {p} is malformed YAML; fix its syntax")
     try:
@@ -66,7 +70,7 @@ def user_plan(u: Any) -> Any:
     framework = fields.get("framework", Framework.MEGATRON.value)
     try:
         zero = default_zero(framework)
-    except ValueError:
+    except (ValueError, TypeError):
         raise SchemaError(f"framework {framework!r} is not one of {', '.join(f.value for f in Framework)}")
     return plan_from_fields(fields, u.gpus, u.global_batch, u.seq_len, zero=zero)
 
