@@ -14,6 +14,14 @@ graph build stays bounded in time and memory by construction:
                       refused before it is read (shipped files are under 0.1 MiB).
   MAX_NAME_CHARS      a model or cluster name or path: 1,024 characters, every path part at
                       most 255 bytes (Linux NAME_MAX).
+  MAX_SCRIPT_EXPANSION_CHARS  an imported launch script's variables substitute at most 2**17
+                      characters in all (hand-written scripts substitute a few thousand; a
+                      variable doubled 24 times would be 16 MiB, and Python's shlex split is
+                      quadratic in a word's length: 0.1 s at 2**17, 8 s at 2**20).
+  MAX_PARTITION_STEPS the search moves layers between pipeline stages (the partition DP, O(pp ·
+                      layers²)) only while pp · decoder layers² ≤ 2**20 (about 0.5 s of Python a
+                      candidate; Llama 3 405B's 126 layers reach it at pp 66); above it a plan keeps
+                      the even split (`estimate --layers-per-stage` still scores any split).
   (The search space's own cap, MAX_RAW_CANDIDATES, lives in autopar.search.space.)
 """
 
@@ -37,6 +45,8 @@ MAX_GLOBAL_BATCH = 2**20
 MAX_INPUT_FILE_BYTES = 4 * 2**20
 MAX_NAME_CHARS = 1024
 MAX_PATH_PART_BYTES = 255
+MAX_PARTITION_STEPS = 2**20
+MAX_SCRIPT_EXPANSION_CHARS = 2**17
 MAX_ECHO_CHARS = 80
 
 

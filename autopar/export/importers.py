@@ -22,7 +22,7 @@ from autopar.cost.layout import stage_layer_counts
 from autopar.errors import InputFileError
 from autopar.export.megatron_rules import parse_layout, parse_megatron_argv
 from autopar.io import read_json_object, read_text_file
-from autopar.limits import MAX_GLOBAL_BATCH, MAX_GPUS, clip_repr
+from autopar.limits import MAX_GLOBAL_BATCH, MAX_GPUS, MAX_SCRIPT_EXPANSION_CHARS, clip_repr
 from autopar.schema import one_line
 from autopar.schema.plan import ParallelPlan, Recompute
 
@@ -33,14 +33,30 @@ _ASSIGN = re.compile(r"^(?:export\s+)?(\w+)=(.*)$", re.DOTALL)
 _ARRAY_REF = re.compile(r'"?\$\{(\w+)\[@\]\}"?')
 
 
-def _expand(text: str, env: Mapping[str, str]) -> str:
-    """${X:-default}, ${X} and $X from the script's own assignments (never the caller's environment)."""
-    def sub(m: re.Match) -> str:
-        name = m.group(1) or m.group(3)
-        if name in env:
-            return env[name]
-        return m.group(2) if m.group(2) is not None else m.group(0)
-    return _VAR.sub(sub, text)
+class _Expansion:
+    """${X:-default}, ${X} and $X from the script's own assignments (never the caller's environment),
+    with at most MAX_SCRIPT_EXPANSION_CHARS characters substituted over the whole script: a
+    variable that doubles itself (A=$A$A, 24 times) would otherwise grow to 16 MiB and hang the split."""
+
+    def __init__(self, env: Mapping[str, str]) -> None:
+        self.env, self.left = env, MAX_SCRIPT_EXPANSION_CHARS
+
+    def __call__(self, text: str) -> str:
+        def sub(m: re.Match) -> str:
+            name = m.group(1) or m.group(3)
+            if name in self.env:
+                return self.spend(self.env[name])
+            return self.spend(m.group(2)) if m.group(2) is not None else m.group(0)
+        return _VAR.sub(sub, text)
+
+    def spend(self, value: str) -> str:
+        """`value`, counted against the budget (InputFileError once it is spent)."""
+        self.left -= len(value)
+        if self.left < 0:
+            raise InputFileError(f"the launch script's variables expand to over {MAX_SCRIPT_EXPANSION_CHARS:,} "
+                                 "characters, more than autopar reads; pass the pretrain_gpt.py arguments "
+                                 "themselves (or a script whose variables do not repeat themselves)")
+        return value
 
 
 def _shell_scan(text: str) -> tuple[list[int], str]:
@@ -84,6 +100,7 @@ def _script_argv(text: str) -> tuple[list[str], dict[str, str]]:
     read as one argument list."""
     env: dict[str, str] = {}
     arrays: dict[str, list[str]] = {}
+    expand = _Expansion(env)
     lines = _logical_lines(text)
     command: list[str] | None = None
     i = 0
@@ -96,17 +113,17 @@ def _script_argv(text: str) -> tuple[list[str], dict[str, str]]:
             while _array_end(body) is None and i < len(lines):
                 body += "\n" + lines[i]
                 i += 1
-            arrays[m.group(1)] = _split(_expand(body[:_array_end(body)], env))
+            arrays[m.group(1)] = _split(expand(body[:_array_end(body)]))
         elif m:
-            value = _split(_expand(m.group(2), env))
+            value = _split(expand(m.group(2)))
             env[m.group(1)] = value[0] if value else ""
         elif re.search(r"pretrain_\w+\.py", line) and not line.startswith("#"):
-            line = _ARRAY_REF.sub(lambda r: shlex.join(arrays.get(r.group(1), [])), line)
-            words = _split(_expand(line, env))
+            line = _ARRAY_REF.sub(lambda r: expand.spend(shlex.join(arrays.get(r.group(1), []))), line)
+            words = _split(expand(line))
             at = next((k for k, w in enumerate(words) if re.search(r"pretrain_\w+\.py", w)), None)
             command = words[at + 1:] if at is not None else command
     if command is None:
-        return _split(_expand("\n".join(lines), env)), env
+        return _split(expand("\n".join(lines))), env
     return command, env
 
 

@@ -13,7 +13,8 @@
 3. Score: a visited candidate whose first/last pipeline rank already overflows memory is pruned;
    the rest are scored by `estimate`, the one model (a plan that can change neither the raw top K
    nor its family's best is deferred to step 5).
-4. Refine: for the best visited candidates, the partition DP (partition.py; vpp = 1) moves layers
+4. Refine: for the best visited candidates, the partition DP (partition.py; vpp = 1, pp · decoder
+   layers² at most autopar.limits.MAX_PARTITION_STEPS, else the even split stays) moves layers
    between stages and the recompute program (ilp.py) picks per-stage recompute, mapped onto
    full(K); the refined plans are scored by `estimate` too, so a refinement is kept only when
    the estimate says it is faster and fits.
@@ -41,6 +42,7 @@ from autopar.cost.step import DEFAULT_MEMORY_MARGIN, Estimate, usable_memory_byt
 from autopar.errors import NoFeasiblePlanError
 from autopar.hardware import Cluster
 from autopar.inputs import load_cluster, load_model, resolve_cost_model
+from autopar.limits import MAX_PARTITION_STEPS
 from autopar.model.graph import ModelGraph
 from autopar.frameworks import framework_spec
 from autopar.schema.plan import Framework, ParallelPlan, Precision, Recompute, RecomputeMode
@@ -496,7 +498,7 @@ def _variants(spec: SpaceSpec, pricer: Pricer, plan: ParallelPlan, memory_margin
     layout = pricer.layout(plan)
     default = layout.default_stage_counts
     counts = default
-    if plan.vpp == 1 and plan.pp > 1:
+    if plan.vpp == 1 and plan.pp > 1 and plan.pp * graph.spec.num_layers ** 2 <= MAX_PARTITION_STEPS:
         part = partition_layers(stage_inputs(table, mem, plan))
         if part is not None and part.counts != counts:
             counts = part.counts

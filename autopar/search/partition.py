@@ -105,6 +105,10 @@ def partition_layers(inputs: StageInputs) -> Partition | None:
             t_j, st_j, sv_j = t_pre[j], st_pre[j], sv_pre[j]
             # stage r = decoders [i, j) for r ≤ i < j (i = 0 on stage 0), scanned from the right
             # with the max work over [i, j); on ties the smaller i wins (the earliest cut).
+            # Both the stage's time and its memory only grow as i falls (every column is >= 0 and
+            # prefix sums of non-negative floats only grow), so the scan stops, with the same
+            # result, once the stage alone is slower than the best or over memory: a smaller i
+            # cannot win (over memory with nothing fitting yet, the loop would end on i = r).
             lows = range(j - 1, r - 1, -1) if r else (0,)
             win_max = -inf if r else max(work[1:j], default=-inf)
             best_val, best_i = inf, r
@@ -112,7 +116,14 @@ def partition_layers(inputs: StageInputs) -> Partition | None:
                 if work[i] > win_max:
                     win_max = work[i]
                 mem = st_j - st_pre[i] + f_state + k * (sv_j - sv_pre[i] + f_saved) + max(win_max, f_work) + extra
-                val = max(prev[i], t_j - t_pre[i] + f_t) if mem <= usable else inf
+                if not mem <= usable:  # (NaN too, as before: no fit)
+                    if best_val == inf:
+                        best_i = r
+                    break
+                t = t_j - t_pre[i] + f_t
+                if t > best_val:
+                    break
+                val = max(prev[i], t)
                 if val <= best_val:
                     best_val, best_i = val, i
             best[r][j], arg[r][j] = best_val, best_i
