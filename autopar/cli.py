@@ -17,7 +17,7 @@ from typer.core import TyperCommand, TyperGroup
 from autopar.choices import DEFAULT_MEMORY_MARGIN, Framework, Precision, RecomputeMode
 from autopar.cli_coercion import FastParams
 from autopar.errors import AutoparError
-from autopar.limits import MAX_GLOBAL_BATCH, MAX_GPUS, MAX_LAYERS, MAX_SEQ_LEN, clip
+from autopar.limits import MAX_GLOBAL_BATCH, MAX_GPUS, MAX_HELD_OUT_FITS, MAX_LAYERS, MAX_SEQ_LEN, clip
 
 
 class _Lazy:
@@ -420,8 +420,9 @@ def calibrate(
             fitted, loo = api.calibrate_runs(runs, base, command, iters=iters)
             leave_one_out.extend(loo)
             if not as_json:
+                held = "leave-one-out" if len(loo) <= MAX_HELD_OUT_FITS else f"{MAX_HELD_OUT_FITS}-fold held-out"
                 for run_id, e in loo:
-                    out.print(f"leave-one-out {run_id}: error {e:+.1%}")
+                    out.print(f"{held} {run_id}: error {e:+.1%}")
             return fitted
         return api.calibrate_builtin(gpu, base, command, rounds, iters)
 

@@ -22,6 +22,14 @@ graph build stays bounded in time and memory by construction:
                       layers²)) only while pp · decoder layers² ≤ 2**20 (about 0.5 s of Python a
                       candidate; Llama 3 405B's 126 layers reach it at pp 66); above it a plan keeps
                       the even split (`estimate --layers-per-stage` still scores any split).
+  MAX_RUNS            a runs file (validate --runs, calibrate) holds at most 5,000 runs (each is
+                      predicted in about 2 ms: 10 s in all; YAML aliases make 100,000 rows 0.5 MB).
+  MAX_HELD_OUT_FITS   calibrate's held-out error refits at most 10 times: leave-one-out up to 10
+                      runs, 10-fold above (the refits grow with the runs, not their square).
+  MAX_CALIBRATION_STEPS calibrate on a runs file does at most 2**17 run-iterations (runs · fits ·
+                      --iters, each an estimate of about 0.1-0.5 ms; Nelder-Mead usually stops
+                      earlier: 59 runs at the default 200 iterations, 11 fits, take about 10 s);
+                      2,000 runs would be 4.4 million (with leave-one-out refits, 800 million).
   (The search space's own cap, MAX_RAW_CANDIDATES, lives in autopar.search.space.)
 """
 
@@ -47,6 +55,9 @@ MAX_NAME_CHARS = 1024
 MAX_PATH_PART_BYTES = 255
 MAX_PARTITION_STEPS = 2**20
 MAX_SCRIPT_EXPANSION_CHARS = 2**17
+MAX_RUNS = 5000
+MAX_HELD_OUT_FITS = 10
+MAX_CALIBRATION_STEPS = 2**17
 MAX_ECHO_CHARS = 80
 
 

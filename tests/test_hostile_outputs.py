@@ -143,3 +143,42 @@ def test_the_partition_dp_early_exit_is_exact():
         assert (dp is None) == (brute is None)
         if dp is not None:
             assert dp.bottleneck_s == brute.bottleneck_s
+
+
+def _runs_file(folder: Path, rows: int, name: str = "runs.yaml") -> Path:
+    """`rows` runs as YAML aliases of one (100,000 rows in 0.5 MB, under the 4 MiB file limit)."""
+    path = folder / name
+    path.write_text("runs:\n- &a {model: llama3-8b, cluster: dgx-h100, gpus: 8, seq_len: 2048, global_batch: 8, "
+                    "step_time_s: 1.0}\n" + "- *a\n" * (rows - 1))
+    return path
+
+
+def test_a_runs_file_of_100000_rows_is_refused(here):
+    from autopar.limits import MAX_RUNS
+
+    runs = _runs_file(here, 100_000)
+    refused(here, ["validate", "--runs", runs], "100,000 runs", f"{MAX_RUNS:,}", "split it")
+    refused(here, ["calibrate", runs, "--base", "h100", "--out", here / "fit.json"], f"{MAX_RUNS:,}")
+
+
+def test_calibrate_on_2000_runs_is_refused_before_fitting(here):
+    """2,000 runs: 2,001 leave-one-out refits (hours); held-out refits are capped at MAX_HELD_OUT_FITS
+    folds, and the whole calibration at MAX_CALIBRATION_STEPS run-iterations, refused up front
+    naming how many runs or iterations fit."""
+    from autopar.limits import MAX_CALIBRATION_STEPS
+
+    runs = _runs_file(here, 2000)
+    line = refused(here, ["calibrate", runs, "--base", "h100", "--out", here / "fit.json"],
+                   "2,000 runs", f"{MAX_CALIBRATION_STEPS:,}", "--iters")
+    assert "at most 59 of the runs" in line, line  # 59 · 11 fits · 200 iterations ≤ 2**17 < 60 · 11 · 200
+
+
+def test_held_out_folds_are_leave_one_out_then_k_fold():
+    from autopar.calibration.fit import held_out_folds
+    from autopar.limits import MAX_HELD_OUT_FITS
+
+    assert held_out_folds(1) == []
+    assert [list(f) for f in held_out_folds(3)] == [[0], [1], [2]]
+    folds = held_out_folds(25)
+    assert len(folds) == MAX_HELD_OUT_FITS
+    assert sorted(i for f in folds for i in f) == list(range(25))  # every run held out exactly once

@@ -18,6 +18,8 @@ import numpy as np
 
 from autopar.cost.params import CostParams, params_from_file
 from autopar.cost.step import estimate
+from autopar.errors import SchemaError
+from autopar.limits import MAX_CALIBRATION_STEPS, MAX_HELD_OUT_FITS
 from autopar.schema.cost_model import CostModelFile, FitReport, GemmShape
 from autopar.schema.plan import ParallelPlan
 from autopar.validate.dataset import MeasuredRun
@@ -425,25 +427,59 @@ def load_user_runs(path: str) -> list[MeasuredRun]:
     return load(path)
 
 
+def held_out_folds(n: int) -> list[range]:
+    """The runs each held-out refit leaves out: each run alone (leave-one-out) up to
+    MAX_HELD_OUT_FITS runs, above it MAX_HELD_OUT_FITS folds (run i in fold i mod K), so the refits
+    grow with the runs, not their square, and every run is still predicted by a fit that never saw it."""
+    if n < 2:
+        return []
+    k = min(n, MAX_HELD_OUT_FITS)
+    return [range(f, n, k) for f in range(k)]
+
+
+def check_calibration_steps(n: int, iters: int) -> None:
+    """Refuse, before fitting, a calibration of more than MAX_CALIBRATION_STEPS run-iterations (runs ·
+    fits · Nelder-Mead iterations), naming the runs and the --iters it would take."""
+    fits = 1 + len(held_out_folds(n))
+    steps = n * fits * iters
+    if steps <= MAX_CALIBRATION_STEPS:
+        return
+    most = max((m for m in range(1, n) if m * (1 + len(held_out_folds(m))) * iters <= MAX_CALIBRATION_STEPS),
+               default=0)
+    fewer = MAX_CALIBRATION_STEPS // (n * fits)
+    fix = " or ".join(([f"calibrate on at most {most:,} of the runs"] if most else [])
+                      + ([f"lower --iters to {fewer:,}"] if fewer else []))
+    raise SchemaError(f"calibrating on {n:,} runs with {fits} fits of {iters:,} iterations is {steps:,} "
+                      f"run-iterations, over the {MAX_CALIBRATION_STEPS:,} a calibration takes; "
+                      f"{fix or 'calibrate on fewer runs'}")
+
+
 def calibrate_user(runs_path: str, base: CostModelFile, command: str, free: Sequence[str] = USER_FREE,
                    iters: int = 150) -> tuple[CostModelFile, list[tuple[str, float]]]:
-    """Fit on all runs; leave-one-out: refit without each run and predict it. Returns the file and
-    (run_id, held-out error) pairs. A framework with its own GEMM ceiling in `base` (torchtitan,
-    DeepSpeed) has it fitted too where the runs use that framework: its runs never read the file's."""
+    """Fit on all runs; held out: refit without each run (leave-one-out; above MAX_HELD_OUT_FITS
+    runs, without each of that many folds, held_out_folds) and predict what was left out. Returns
+    the file and (run_id, held-out error) pairs in run order. A framework with its own GEMM ceiling
+    in `base` (torchtitan, DeepSpeed) has it fitted too where the runs use that framework: its runs
+    never read the file's. Over MAX_CALIBRATION_STEPS run-iterations, refused before fitting."""
     runs = load_user_runs(runs_path)
+    check_calibration_steps(len(runs), iters)
     own = sorted({r.framework for r in runs if "gemm_max" in getattr(base.frameworks.get(r.framework), "compute", {})})
     free = list(free) + [f"{fw}.gemm_max" for fw in own if f"{fw}.gemm_max" not in free]
     result = fit(runs, base, free, rounds=1, iters=iters)
-    loo: list[tuple[str, float]] = []
-    if len(runs) > 1:
-        for i, r in enumerate(runs):
-            others = runs[:i] + runs[i + 1:]
-            p = params_from_file(fit(others, base, free, rounds=1, iters=iters).file)
-            pr = predict(r, p)
-            loo.append((r.run_id, pr.error if pr else math.nan))
+    folds = held_out_folds(len(runs))
+    error_of: dict[int, float] = {}
+    for fold in folds:
+        others = [r for i, r in enumerate(runs) if i not in fold]
+        p = params_from_file(fit(others, base, free, rounds=1, iters=iters).file)
+        for i in fold:
+            pr = predict(runs[i], p)
+            error_of[i] = pr.error if pr else math.nan
+    loo = [(runs[i].run_id, error_of[i]) for i in sorted(error_of)]
     p = params_from_file(result.file)
     report = FitReport(runs_fit=len(runs), runs_holdout=len(loo), mape_fit=_mape(runs, p),
                        mape_holdout=sum(abs(e) for _, e in loo) / len(loo) if loo else None)
-    notes = (f"Fitted {', '.join(free)} on {len(runs)} user runs; mape_holdout is the leave-one-out error. "
+    held = ("leave-one-out" if all(len(f) == 1 for f in folds) else f"{len(folds)}-fold (run i held out in fold "
+            f"i mod {len(folds)})")
+    notes = (f"Fitted {', '.join(free)} on {len(runs)} user runs; mape_holdout is the {held} error. "
              f"Base file: {base.name} ({base.provenance.method}: {base.provenance.command}).")
     return stamp(result.file, command, [f"runs file {runs_path}"], notes, report), loo

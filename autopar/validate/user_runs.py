@@ -14,6 +14,7 @@ from pathlib import Path
 from typing import Any
 
 from autopar.errors import AutoparError, InputFileError, SchemaError
+from autopar.limits import MAX_RUNS
 from autopar.validate.dataset import MeasuredRun
 
 RUNS_FORMAT_HINT = "see autopar/schema/runs.py (or `autopar validate --help`) for its format"
@@ -33,11 +34,15 @@ def load_user_runs(path: str) -> list[MeasuredRun]:
     from autopar.io import YamlKeyError, strict_yaml
 
     try:
-        raw = strict_yaml(text)
+        raw = strict_yaml(text, fast=True)  # libyaml: a 4 MiB file in 5 s, not 14
     except YamlKeyError as exc:
         raise InputFileError(f"runs file {p}: {exc}")
     except (yaml.YAMLError, ValueError, RecursionError):
         raise InputFileError(f"runs file {p} is malformed YAML; fix its syntax")
+    rows = raw.get("runs") if isinstance(raw, dict) else None
+    if isinstance(rows, list) and len(rows) > MAX_RUNS:  # (YAML aliases make 100,000 rows a 0.5 MB file)
+        raise SchemaError(f"runs file {p} has {len(rows):,} runs; autopar reads at most {MAX_RUNS:,} "
+                          f"(each is predicted in about 2 ms), so split it into files of at most {MAX_RUNS:,} runs")
     try:
         spec = RunsFile(**raw) if isinstance(raw, dict) else RunsFile.model_validate(raw)
     except ValidationError as exc:
