@@ -199,10 +199,11 @@ def export_plan(model: str, cluster: str, gpus: int, plan: ParallelPlan, est: Es
     return export(plan_file_for(model, cluster, gpus, plan, est, cost_model, run), fmt)
 
 
-def write_files(files: dict[str, str], out: str | None, force: bool = False) -> list[str]:
+def write_files(files: dict[str, str], out: str | None, force: bool = False, inputs: list[str] = ()) -> list[str]:
     """Write export files: into directory `out`, or to file `out` when there is exactly one file
     and `out` has a suffix; nothing when out is None (the caller prints them). All or nothing,
-    atomically (autopar.io.write_outputs); existing files are refused unless `force`."""
+    atomically (autopar.io.write_outputs); existing files are refused unless `force`, a file that
+    is one of `inputs` (the plan file exported) always."""
     from pathlib import Path
 
     from autopar.io import write_outputs
@@ -212,8 +213,8 @@ def write_files(files: dict[str, str], out: str | None, force: bool = False) -> 
     target = Path(out).expanduser()
     if len(files) == 1 and target.suffix and not target.is_dir():
         ((_, text),) = files.items()
-        return write_outputs({target: text}, force=force)
-    return write_outputs({target / name: text for name, text in files.items()}, force=force)
+        return write_outputs({target: text}, force=force, inputs=inputs)
+    return write_outputs({target / name: text for name, text in files.items()}, force=force, inputs=inputs)
 
 
 def output_paths(file_names: list[str], out: str) -> list[str]:
@@ -393,26 +394,30 @@ def plan_file_text(model: str, cluster: str, gpus: int, plan: ParallelPlan, est:
     return text(plan_file_for(model, cluster, gpus, plan, est, cost_model, run))
 
 
-def check_outputs(paths: list[str], force: bool = False) -> None:
-    """Refuse, before any work, outputs that exist (unless `force`) or cannot be files (autopar.io)."""
-    from autopar.io import check_output
+def check_outputs(paths: list[str], force: bool = False, inputs: list[str] = ()) -> None:
+    """Refuse, before any work, outputs that exist (unless `force`), cannot be files or be written
+    there, name one file twice or are one of the command's `inputs` (autopar.io)."""
+    from autopar.io import check_output, check_outputs_apart
 
     for path in paths:
         check_output(path, force)
+    check_outputs_apart(paths, inputs)
 
 
-def write_output(path: str, text: str, force: bool = False) -> str:
-    """Write one file atomically; an existing file is refused unless `force` (autopar.io)."""
+def write_output(path: str, text: str | bytes, force: bool = False, inputs: list[str] = ()) -> str:
+    """Write one file atomically; an existing file is refused unless `force`, one of `inputs`
+    always (autopar.io)."""
     from autopar.io import write_output as write
 
-    return write(path, text, force=force)
+    return write(path, text, force=force, inputs=inputs)
 
 
-def write_outputs(path_to_text: dict[str, str], force: bool = False) -> list[str]:
-    """Write every file or none, atomically; existing files are refused unless `force` (autopar.io)."""
+def write_outputs(path_to_text: dict[str, str | bytes], force: bool = False, inputs: list[str] = ()) -> list[str]:
+    """Write every file or none, atomically; existing files are refused unless `force`, one of
+    `inputs` always (autopar.io)."""
     from autopar.io import write_outputs as write
 
-    return write(path_to_text, force=force)
+    return write(path_to_text, force=force, inputs=inputs)
 
 
 # --------------------------------------------------------------------------- the whole run

@@ -81,6 +81,14 @@ class _OneLineErrors(FastParams, TyperGroup):
             sys.exit(1)
         sys.exit(code if isinstance(code, int) else 0)
 
+    def invoke(self, ctx):
+        """The command; Ctrl-C is one line and exit code 130 (Typer would exit 130 without a word)."""
+        try:
+            return super().invoke(ctx)
+        except KeyboardInterrupt:
+            print_error("interrupted")
+            raise typer.Exit(130) from None
+
 
 class _Typer(typer.Typer):
     """typer.Typer whose commands are _Command unless a command names its own class."""
@@ -174,9 +182,39 @@ def _run(fn: Callable[[], Any]) -> Any:
         fail(api.one_line(exc, "invalid value"))  # a boundary model rejected a value the CLI passed through
 
 
-def _check_outputs(paths: list[str], force: bool) -> None:
-    """Refuse, before any work, outputs that exist (without --force) or cannot be files."""
-    _run(lambda: api.check_outputs(paths, force))
+def _check_outputs(paths: list[str], force: bool, inputs: list[str] = ()) -> None:
+    """Refuse, before any work, outputs that exist (without --force), cannot be files or be written
+    there, name one file twice or are one of the command's `inputs` (_inputs)."""
+    _run(lambda: api.check_outputs(paths, force, inputs))
+
+
+def _inputs(*paths: str | None) -> list[str]:
+    """The command's input paths, for its outputs to be checked against (a model folder: its
+    config.json); names that are no file (presets, shipped profiles) are skipped by autopar.io."""
+    return [os.path.join(p, "config.json") if os.path.isdir(os.path.expanduser(p)) else p
+            for p in paths if p and p != "-"]
+
+
+def _given(ctx: typer.Context, *names: str) -> list[str]:
+    """The flags of the options among `names` that the command line gives (not left at a default)."""
+    return [p.opts[0] for p in ctx.command.params if p.name in names
+            and ctx.get_parameter_source(p.name) is click.core.ParameterSource.COMMANDLINE]
+
+
+def _refuse_unused(ctx: typer.Context, names: tuple[str, ...], why: str | tuple[str, str], other: str = "") -> None:
+    """One line and exit 2 when any option of `names` is given: `why` (for one option, for several)
+    says why it would be ignored, `other` another fix beside dropping it."""
+    given = _given(ctx, *names)
+    if given:
+        listed = ", ".join(given)
+        one, many = (why, why) if isinstance(why, str) else why
+        fail(f"{listed} {one if len(given) == 1 else many}, so {'it' if len(given) == 1 else 'they'} would be "
+             f"ignored; drop {listed}" + (f" or {other}" if other else ""))
+
+
+def _pins_tp(fix: str | None) -> bool:
+    """Whether a --fix string pins tp (its syntax is checked later, by the search)."""
+    return bool(fix) and any(part.split("=", 1)[0].strip() == "tp" for part in fix.split(","))
 
 
 def _emit_json(data: Any) -> None:
@@ -325,6 +363,9 @@ def estimate(
     """Predict step time, throughput, MFU and per-stage memory of one plan."""
     if from_megatron or from_deepspeed:
         _refuse_ignored_layout(ctx, "--from-megatron" if from_megatron else "--from-deepspeed")
+    elif cp == 1:
+        _refuse_unused(ctx, ("cp_comm_type",), "sets how context-parallel ranks exchange K/V, and --cp is 1",
+                       "set --cp above 1")
 
     def run():
         if from_megatron or from_deepspeed:
@@ -374,6 +415,8 @@ def validate(
         if given:
             names = ", ".join(given)
             fail(f"{names} {'select' if len(given) > 1 else 'selects'} among the shipped runs; drop {names} with --runs")
+        if as_json:
+            _refuse_unused(ctx, ("summary_only",), "shortens the tables, and --json prints every run")
         result = _run(lambda: api.validate_runs(runs, cost_model))
         if as_json:
             _emit_json(result)
@@ -381,12 +424,19 @@ def validate(
             tables.print_validate(out, result, rows=not summary_only)
         return
     if leave_one_source_out:
+        _refuse_unused(ctx, ("split", "cost_model", "summary_only"),
+                       tuple(f"{verb} not apply to --leave-one-source-out, which scores every split with refits of the "
+                             "shipped cost models and prints only summaries" for verb in ("does", "do")))
         result = _run(lambda: api.leave_one_source_out(iters, set(source) if source else None))
         if as_json:
             _emit_json(result)
         else:
             tables.print_loso(out, result)
         return
+    _refuse_unused(ctx, ("iters",), "sets the refits of --leave-one-source-out, which is not given",
+                   "add --leave-one-source-out")
+    if as_json:
+        _refuse_unused(ctx, ("summary_only",), "shortens the tables, and --json prints every run")
     result = _run(lambda: api.validate(split, set(source) if source else None, cost_model))
     if as_json:
         _emit_json(result)
@@ -396,6 +446,7 @@ def validate(
 
 @app.command()
 def calibrate(
+    ctx: typer.Context,
     runs: Annotated[str, typer.Argument(help="'builtin' for the shipped measured runs, or a runs YAML of your own measured step times (format: autopar/schema/runs.py).")] = "builtin",
     gpu: Annotated[str, typer.Option("--gpu", help="GPU family whose runs to fit: a100 or h100.")] = "a100",
     base: Annotated[str, typer.Option("--base", help="Cost model to start from (name or path).")] = "a100",
@@ -409,8 +460,22 @@ def calibrate(
     as_json: JsonOpt = False,
 ) -> None:
     """Fit a cost model's efficiencies to measured runs and write it with its provenance."""
+    if derive_as:
+        if runs != "builtin":
+            fail(f"--derive-as copies the base file's efficiencies without fitting, so the runs file {clip(runs)!r} "
+                 "would be ignored; drop it, or drop --derive-as to fit on it")
+        _refuse_unused(ctx, ("gpu", "rounds", "iters"), tuple(f"{verb} a fit, and --derive-as copies the base file's "
+                                                             "efficiencies without fitting" for verb in ("sets", "set")))
+    else:
+        _refuse_unused(ctx, ("derive_gpus", "reason"), ("applies only with --derive-as", "apply only with --derive-as"),
+                       "add --derive-as NAME")
+        if runs != "builtin":
+            _refuse_unused(ctx, ("gpu", "rounds"), tuple(f"{verb} the fit of the shipped runs (`calibrate builtin`), and "
+                                                         "a runs file is fitted in one round to the runs it holds"
+                                                         for verb in ("shapes", "shape")))
     command = "autopar calibrate " + " ".join(sys.argv[2:])
-    _check_outputs([out_path], force)
+    inputs = _inputs(None if runs == "builtin" else runs, base)
+    _check_outputs([out_path], force, inputs)
 
     def run():
         if derive_as:
@@ -428,7 +493,7 @@ def calibrate(
 
     leave_one_out: list[tuple[str, float]] = []
     result = _run(run)
-    _write_one(out_path, result.model_dump_json(indent=2) + "\n", force)
+    _write_one(out_path, result.model_dump_json(indent=2) + "\n", force, inputs)
     if as_json:
         _emit_json({"out": out_path, "cost_model": result.model_dump(mode="json"),
                     "leave_one_out": [{"run_id": r, "error": e} for r, e in leave_one_out]})
@@ -440,8 +505,8 @@ def calibrate(
     out.print(f"wrote {out_path}")
 
 
-def _write_one(path: str, text: str, force: bool) -> None:
-    _run(lambda: api.write_output(path, text, force))
+def _write_one(path: str, text: str, force: bool, inputs: list[str] = ()) -> None:
+    _run(lambda: api.write_output(path, text, force, inputs))
 
 
 QuietOpt = Annotated[bool, typer.Option("--quiet", "-q", help="No progress bar.")]
@@ -486,6 +551,7 @@ def _progress_sink(quiet: bool):
 
 @app.command()
 def plan(
+    ctx: typer.Context,
     model: ModelArg,
     cluster: ClusterOpt,
     gpus: GpusOpt,
@@ -516,8 +582,19 @@ def plan(
     """Find the fastest plans that fit, by search over tp, pp, vpp, cp, ep, mbs, ZeRO and recompute."""
     from pathlib import Path
 
+    if _pins_tp(fix):
+        _refuse_unused(ctx, ("max_tp",), "limits the tp the search tries, and --fix pins tp")
+    if as_json:
+        _refuse_unused(ctx, ("plot", "explain_best"), ("draws beside the tables, and --json prints none",
+                                                       "draw beside the tables, and --json prints none"))
+        if export_fmt and not out_path:
+            fail("--export prints its files after the tables, and --json prints none, so they would be lost; "
+                 "add --out DIR for the files, or drop --export")
+    if not out_path and not plot:
+        _refuse_unused(ctx, ("force",), "overwrites existing outputs, and none is named", "add --out or --plot")
     plan_json = str(Path(out_path) / "plan.json") if out_path and export_fmt else out_path
-    _check_outputs(([plan_json] if plan_json else []) + _picture_paths(plot), force)
+    inputs = _inputs(model, cluster, cost_model)
+    _check_outputs(([plan_json] if plan_json else []) + _picture_paths(plot), force, inputs)
     opts = _run_opts(train_tokens, gpu_hour_cost, failure_rate, checkpoint_gb_per_s, restart_minutes, async_save,
                      checkpoint_minutes)
     bar, update = _progress_sink(quiet or as_json)
@@ -543,16 +620,18 @@ def plan(
         return runs[id(e)]
 
     exported: dict[str, str] = {}
-    written: list[str] = []
+    best_plan, best_est = result.chosen
     if export_fmt:
-        best_plan, best_est = result.chosen
         exported = _run(lambda: api.export_plan(model, cluster, gpus, best_plan, best_est, export_fmt, cost_model,
                                                 whole(best_plan, best_est)))
+    targets: list[tuple[str, str | bytes]] = []  # every file of the command, written all or none
     if out_path:
-        best_plan, best_est = result.chosen
         text = api.plan_file_text(model, cluster, gpus, best_plan, best_est, cost_model, whole(best_plan, best_est))
-        targets = {plan_json: text, **{str(Path(out_path) / name): t for name, t in exported.items()}}
-        written = _run(lambda: api.write_outputs(targets, force))
+        targets = [(plan_json, text), *((str(Path(out_path) / name), t) for name, t in exported.items())]
+    pictures = _picture_files(plot, plan=best_plan, estimate=best_est)
+    if targets or pictures:
+        _run(lambda: api.write_outputs(targets + pictures, force, inputs))
+    written = [path for path, _ in targets]
     if as_json:
         def entry(p, e):
             block = whole(p, e)
@@ -573,14 +652,13 @@ def plan(
         out.print(f"wrote {f}")
     if exported and not out_path:
         _emit_files(exported, None)
-    best_plan, best_est = result.chosen
     if explain_best:
         from autopar.report.explain import render_explanation
 
         render_explanation(out, _run(lambda: api.explain_plan(model, cluster, gpus, best_plan, cost_model,
                                                               memory_margin)))
     if plot:
-        _pictures(plot, best_plan, best_est)
+        _picture_notes(plot, pictures, plan=best_plan, estimate=best_est)
 
 
 @app.command()
@@ -650,7 +728,8 @@ def profile(
 ) -> None:
     """Measure GEMM, attention, memory bandwidth and collectives here and write a cost-model file."""
     _drop_process_env_default("OPENBLAS_NUM_THREADS")  # torch's CPU kernels may use OpenBLAS: all threads
-    _check_outputs([out_path], force)
+    inputs = _inputs(base)
+    _check_outputs([out_path], force, inputs)
     command = "autopar profile " + " ".join(sys.argv[2:])
     bar, update = _progress_sink(quiet or as_json)
 
@@ -661,7 +740,7 @@ def profile(
             return api.profile(device, model, quick, base, command, update)
 
     result = _run(run)
-    _write_one(out_path, result.model_dump_json(indent=2) + "\n", force)
+    _write_one(out_path, result.model_dump_json(indent=2) + "\n", force, inputs)
     if as_json:
         _emit_json({"out": out_path, "cost_model": result.model_dump(mode="json")})
         return
@@ -669,19 +748,40 @@ def profile(
               f"{len(result.measurements.get('collectives', []))} collective measurements")
 
 
-def _pictures(path: str, plan_, est) -> None:
-    """The pipeline timeline at PATH and the memory bars at PATH with '-memory' before the suffix
-    (PNG/SVG/PDF with matplotlib; '-' or no matplotlib: terminal renderings)."""
+def _picture_files(path: str | None, with_memory: bool = True, **what: Any) -> list[tuple[str, bytes]]:
+    """The files --plot PATH writes, rendered, to be written with the command's other outputs (all
+    or none): the pipeline timeline at PATH and the memory bars at PATH with '-memory' before the
+    suffix (or the sweep's curves: `what` holds plan and estimate, or points and runs); none
+    where the pictures are drawn in the terminal (_picture_paths)."""
+    paths = _picture_paths(path, with_memory)
+    if not paths:
+        return []
+    from autopar.report.plots import picture_bytes
+
+    kinds = ("timeline", "memory") if with_memory else ("sweep",)
+    return [(target, _run(lambda: picture_bytes(kind, target, **what))) for kind, target in zip(kinds, paths)]
+
+
+def _picture_notes(path: str, files: list[tuple[str, bytes]], with_memory: bool = True, **what: Any) -> None:
+    """After the tables: 'wrote ...' for each picture file written, or the terminal renderings
+    (with the note why) where --plot PATH writes none ('-', another suffix, no matplotlib)."""
+    kinds = ("timeline", "memory") if with_memory else ("sweep",)
+    if files:
+        for kind, (target, _) in zip(kinds, files):
+            out.print(f"wrote the {kind} picture to {target}")
+        return
     from autopar.report.plots import save_picture
 
-    for kind, target in (("timeline", path), ("memory", _memory_picture_path(path))):
-        note = _run(lambda: save_picture(kind, target, plan=plan_, estimate=est, console=out))
-        if note or target != "-":
-            out.print(note or f"wrote {target}")
+    targets = (path, _memory_picture_path(path)) if with_memory else (path,)
+    for kind, target in zip(kinds, targets):
+        note = _run(lambda: save_picture(kind, target, console=out, **what))
+        if note:
+            out.print(note)
 
 
 @app.command()
 def explain(
+    ctx: typer.Context,
     plan_file: Annotated[Optional[str], typer.Argument(help="A plan JSON written by `autopar plan --out` (or give --plan with the model and cluster).")] = None,
     plan_string: Annotated[Optional[str], typer.Option("--plan", help="A plan as 'tp=8,pp=4,vpp=5,mbs=1,recompute=selective'.")] = None,
     model: Annotated[Optional[str], typer.Option("--model", "-m", help="Model, with --plan.")] = None,
@@ -699,20 +799,36 @@ def explain(
     """Why a plan wins: time and memory per stage, and the reason each neighbouring plan loses or fails."""
     from autopar.report.explain import render_explanation
 
-    _check_outputs(_picture_paths(plot), force)
+    if plan_file:
+        if plan_string:
+            fail("give a plan file or --plan, not both; explain them one at a time, or side by side with "
+                 "`autopar compare`")
+        _refuse_unused(ctx, ("model", "cluster", "gpus", "global_batch", "seq_len", "framework"),
+                       tuple(f"{verb} with --plan, and the plan file names its own" for verb in ("goes", "go")),
+                       "explain --plan '...' instead of the file")
+    if as_json:
+        _refuse_unused(ctx, ("plot",), "draws beside the tables, and --json prints none")
+    if not plot:
+        _refuse_unused(ctx, ("force",), "overwrites existing pictures, and no --plot is named", "add --plot")
+    inputs = _inputs(plan_file, model, cluster, cost_model)
+    _check_outputs(_picture_paths(plot), force, inputs)
     ex = _run(lambda: api.explain(plan_file, plan_string, model=model, cluster=cluster, gpus=gpus,
                                   global_batch=global_batch, seq_len=seq_len, framework=framework,
                                   cost_model=cost_model, memory_margin=memory_margin))
     if as_json:
         _emit_json(ex.to_dict())
         return
+    pictures = _picture_files(plot, plan=ex.plan, estimate=ex.estimate)
+    if pictures:
+        _run(lambda: api.write_outputs(pictures, force, inputs))
     render_explanation(out, ex)
     if plot:
-        _pictures(plot, ex.plan, ex.estimate)
+        _picture_notes(plot, pictures, plan=ex.plan, estimate=ex.estimate)
 
 
 @app.command()
 def sweep(
+    ctx: typer.Context,
     model: ModelArg,
     cluster: ClusterOpt,
     gpus: Annotated[str, typer.Option("--gpus", "-n", help="GPU counts, comma-separated (e.g. 64,128,256), or one value.")],
@@ -739,7 +855,14 @@ def sweep(
     """The best plan at each point of a GPU-count, batch or sequence sweep: where scaling breaks."""
     from autopar.report.sweep import render_sweep
 
-    _check_outputs(_picture_paths(plot, with_memory=False), force)
+    if _pins_tp(fix):
+        _refuse_unused(ctx, ("max_tp",), "limits the tp the search tries, and --fix pins tp")
+    if as_json:
+        _refuse_unused(ctx, ("plot",), "draws beside the tables, and --json prints none")
+    if not plot:
+        _refuse_unused(ctx, ("force",), "overwrites an existing picture, and no --plot is named", "add --plot")
+    inputs = _inputs(model, cluster, cost_model)
+    _check_outputs(_picture_paths(plot, with_memory=False), force, inputs)
     opts = _run_opts(train_tokens, gpu_hour_cost, failure_rate, checkpoint_gb_per_s, restart_minutes, async_save,
                      checkpoint_minutes)
     bar, update = _progress_sink(quiet or as_json)
@@ -758,21 +881,20 @@ def sweep(
     if as_json:
         _emit_json({"points": [{**p.to_dict(), **({"run": r} if opts else {})} for p, r in zip(points, runs)]})
         return
+    pictures = _picture_files(plot, with_memory=False, points=points, runs=runs if opts else None)
+    if pictures:
+        _run(lambda: api.write_outputs(pictures, force, inputs))
     render_sweep(out, points)
     if opts:
         tables.print_runs(out, [(f"{p.gpus:,} GPUs, gbs {p.global_batch}, seq {p.seq_len}", r)
                                 for p, r in zip(points, runs)], title="Whole run across the sweep")
     if plot:
-        from autopar.report.plots import save_picture
-
-        note = _run(lambda: save_picture("sweep", plot, points=points, console=out,
-                                         runs=runs if opts else None))
-        if note or plot != "-":
-            out.print(note or f"wrote {plot}")
+        _picture_notes(plot, pictures, with_memory=False, points=points, runs=runs if opts else None)
 
 
 @app.command()
 def export(
+    ctx: typer.Context,
     plan_file: Annotated[str, typer.Argument(help="A plan JSON written by `autopar plan --out`.")],
     fmt: FormatOpt = Framework.MEGATRON.value,
     out_path: Annotated[Optional[str], typer.Option("--out", "-o", help="A directory for the files (or a file name when the format makes one file); default: print them.")] = None,
@@ -780,16 +902,19 @@ def export(
     as_json: JsonOpt = False,
 ) -> None:
     """Turn a plan into a launch config that Megatron-LM, DeepSpeed or torchtitan accepts."""
+    if not out_path:
+        _refuse_unused(ctx, ("force",), "overwrites existing files under --out, and without --out the files are "
+                       "printed", "add --out")
     files = _run(lambda: api.export_plan_file(plan_file, fmt))
     if as_json:
-        written = _run(lambda: api.write_files(files, out_path, force))
+        written = _run(lambda: api.write_files(files, out_path, force, [plan_file]))
         _emit_json({"format": fmt, "files": files, "written": written})
         return
-    _emit_files(files, out_path, force)
+    _emit_files(files, out_path, force, [plan_file])
 
 
-def _emit_files(files: dict[str, str], out_path: str | None, force: bool = False) -> None:
-    written = _run(lambda: api.write_files(files, out_path, force))
+def _emit_files(files: dict[str, str], out_path: str | None, force: bool = False, inputs: list[str] = ()) -> None:
+    written = _run(lambda: api.write_files(files, out_path, force, inputs))
     if written:
         for f in written:
             out.print(f"wrote {f}")

@@ -3,18 +3,22 @@
 Reading: `read_text_file` refuses a missing path, a directory, a device or pipe (/dev/zero must
 not hang) and a file over MAX_INPUT_FILE_BYTES before reading it, and strips a UTF-8 byte-order
 mark. Writing: `write_outputs` is the one place autopar writes a file. Each file goes to a
-temporary file in the same folder and is renamed over the target (os.replace, atomic on POSIX),
-so a failed or interrupted write leaves nothing half-written; an existing target is refused
-unless `force`; every OSError becomes one line naming the path and the reason.
+temporary file in the same folder and is then linked into place (a new file: os.link, which
+fails if the name exists, so no two processes both create one) or renamed over the target
+(--force: os.replace), all files of a call or none, so a failed or interrupted write leaves
+nothing half-written or replaced; an existing target is refused unless `force`, an output that
+is an input or another output always; every OSError becomes one line naming the path and the
+reason.
 """
 
 from __future__ import annotations
 
+import errno
 import json
 import os
 import stat
 from pathlib import Path
-from typing import Any, Mapping
+from typing import Any, Mapping, Sequence
 
 from autopar.errors import InputFileError, OutputFileError
 from autopar.limits import MAX_INPUT_FILE_BYTES, check_name, clip
@@ -78,9 +82,11 @@ def _no_constant(name: str) -> Any:
 # --------------------------------------------------------------------------- writing
 
 
-def check_output(path: Path | str, force: bool, what: str = "output") -> Path:
+def check_output(path: Path | str, force: bool, what: str = "output", probe: bool = True) -> Path:
     """Refuse, before any work, an output path that exists (unless `force`), is a directory or a
-    device, or whose folder is a file. Returns the path."""
+    device, or whose folder is a file or takes no new file. `probe`: a file is created and removed
+    in the nearest existing folder, so /proc, a read-only mount or a folder without write permission
+    is refused up front (os.access says yes to root for all three). Returns the path."""
     check_name(str(path), what)
     p = Path(path).expanduser()
     try:
@@ -100,20 +106,78 @@ def check_output(path: Path | str, force: bool, what: str = "output") -> Path:
         if parent.exists():
             if not parent.is_dir():
                 raise OutputFileError(f"cannot write {what} {clip(p)}: {clip(parent)} is a file, not a folder")
-            if not os.access(parent, os.W_OK | os.X_OK):
+            if probe:
+                _probe(parent, p, what)
+            elif not os.access(parent, os.W_OK | os.X_OK):
                 raise OutputFileError(f"cannot write {what} {clip(p)}: Permission denied in {clip(parent)}; "
                                       "choose a writable folder")
             break
     return p
 
 
-def write_outputs(path_to_data: Mapping[Path | str, str | bytes], *, force: bool, executable: tuple[str, ...] = (".sh",),
-                  what: str = "output") -> list[str]:
-    """Write every file or none: each to a temporary file beside its target, then all renamed in
-    place. Existing targets are refused unless `force` (all checked before anything is written).
-    Files ending in an `executable` suffix get mode 0o755, others 0o644 (less the umask)."""
-    targets = [(check_output(p, force, what), data) for p, data in path_to_data.items()]
+def _probe(folder: Path, target: Path, what: str) -> None:
+    """Create and remove a file in `folder`; OutputFileError naming `target` when the system refuses."""
+    import tempfile
+
+    try:
+        fd, tmp = tempfile.mkstemp(prefix=".autopar-probe-", dir=folder)
+    except OSError as exc:
+        raise OutputFileError(f"cannot write {what} {clip(target)}: {_reason(exc)} in {clip(folder)}; "
+                              "choose a writable folder") from None
+    os.close(fd)
+    _quietly(os.unlink, tmp)
+
+
+def check_outputs_apart(paths: Sequence[Path | str], inputs: Sequence[Path | str] = (), what: str = "output") -> None:
+    """Refuse two outputs that are one file (`--out` and `--plot` alike, a picture and its
+    NAME-memory companion) and an output that is one of the command's input files, through a
+    symlink or ../ too, even with --force: writing it would replace what autopar read. Inputs
+    that are not files (preset names) are skipped."""
+    seen: dict[str, Path] = {}
+    for p in paths:
+        key = _file_key(p)
+        if key in seen:
+            named = clip(p) if str(seen[key]) == str(p) else f"one file ({clip(seen[key])}, {clip(p)})"
+            raise OutputFileError(f"two {what}s are {named}; give each its own path (--plot NAME.png also writes "
+                                  "NAME-memory.png)")
+        seen[key] = Path(p)
+    for source in inputs:
+        if not os.path.isfile(os.path.expanduser(source)):
+            continue
+        for p in paths:
+            if _file_key(p) == _file_key(source) or _same_existing(p, source):
+                raise OutputFileError(f"{what} {clip(p)} is the input {clip(source)}; writing it would replace what "
+                                      "autopar read, so choose another path (--force does not apply)")
+
+
+def _file_key(path: Path | str) -> str:
+    return os.path.normcase(os.path.realpath(os.path.expanduser(path)))
+
+
+def _same_existing(a: Path | str, b: Path | str) -> bool:
+    try:
+        return os.path.samefile(os.path.expanduser(a), os.path.expanduser(b))
+    except OSError:
+        return False
+
+
+def write_outputs(path_to_data: Mapping[Path | str, str | bytes] | Sequence[tuple[Path | str, str | bytes]], *,
+                  force: bool, executable: tuple[str, ...] = (".sh",), what: str = "output",
+                  inputs: Sequence[Path | str] = ()) -> list[str]:
+    """Write every file or none. Each is staged in a temporary file beside its target, then put in
+    place: without `force` linked there (os.link fails when the name exists, so the existence check
+    and the creation are one step: two processes cannot both create one file), with `force` renamed
+    over it (os.replace) after a hard link keeps the file it replaces. When any file fails, the
+    ones already placed are taken back (created: removed; replaced: restored) and the folders made
+    removed. Existing targets are refused unless `force`, outputs that are one file or an input
+    always (check_outputs_apart), all before anything is written. Files ending in an `executable`
+    suffix get mode 0o755, others 0o644 (less the umask). `path_to_data`: a mapping or (path, data)
+    pairs (pairs keep two names for one file apart, to be refused)."""
+    pairs = path_to_data.items() if isinstance(path_to_data, Mapping) else path_to_data
+    targets = [(check_output(p, force, what, probe=False), data) for p, data in pairs]
+    check_outputs_apart([t for t, _ in targets], inputs, what)
     staged: list[tuple[str, Path]] = []
+    placed: list[tuple[Path, str | None]] = []  # (target, the hard link keeping what it replaced; None: created)
     created: list[Path] = []  # folders this call made, removed again if it fails
     done = False
     try:
@@ -121,19 +185,87 @@ def write_outputs(path_to_data: Mapping[Path | str, str | bytes], *, force: bool
             created += _make_folder(target, what)
             staged.append((_stage(target, data, executable, what), target))
         for tmp, target in staged:
-            try:
-                os.replace(tmp, target)
-            except OSError as exc:
-                raise OutputFileError(f"cannot write {what} {clip(target)}: {_reason(exc)}; choose a writable path") from None
+            placed.append(_place(tmp, target, force, what))
         done = True
     finally:
+        if not done:
+            for target, kept in reversed(placed):
+                if kept is None:
+                    _quietly(os.unlink, target)
+                else:
+                    _quietly(lambda k: os.replace(k, target), kept)
         for tmp, _ in staged:
             if os.path.lexists(tmp):
                 _quietly(os.unlink, tmp)
+        for _, kept in placed:
+            if kept is not None and os.path.lexists(kept):
+                _quietly(os.unlink, kept)
         if not done:
             for folder in reversed(created):
                 _quietly(os.rmdir, folder)
     return [str(t) for t, _ in targets]
+
+
+# A file system without hard links (FAT, some network mounts) answers os.link with one of these.
+_NO_LINKS = (errno.EPERM, errno.ENOTSUP, errno.EOPNOTSUPP, errno.EXDEV, errno.EMLINK, errno.ENOSYS)
+
+
+def _place(tmp: str, target: Path, force: bool, what: str) -> tuple[Path, str | None]:
+    """Put the staged `tmp` at `target`; (target, the hard link keeping the file it replaced, or
+    None when it created the file)."""
+    try:
+        if not force:
+            _create(tmp, target)
+            return target, None
+        kept = _keep(target)
+        try:
+            os.replace(tmp, target)
+        except OSError:
+            if kept is not None:
+                _quietly(os.unlink, kept)
+            raise
+        return target, kept
+    except FileExistsError:
+        raise OutputFileError(f"{what} {clip(target)} exists (it appeared after autopar checked: another process "
+                              "wrote it); pass --force to overwrite it, or choose another path") from None
+    except OSError as exc:
+        raise OutputFileError(f"cannot write {what} {clip(target)}: {_reason(exc)}; choose a writable path") from None
+
+
+def _create(tmp: str, target: Path) -> None:
+    """Link `tmp` at `target`, which must not exist (FileExistsError otherwise). Without hard links:
+    the name taken by an exclusive create, then the staged file renamed over it."""
+    try:
+        os.link(tmp, target)
+    except FileExistsError:
+        raise
+    except OSError as exc:
+        if exc.errno not in _NO_LINKS:
+            raise
+        os.close(os.open(target, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o600))
+        os.replace(tmp, target)
+
+
+def _keep(target: Path) -> str | None:
+    """A second name for the file at `target` (a hard link, or a copy where links are refused), so
+    a failed set can put it back; None when there is no file."""
+    for _ in range(100):
+        kept = target.with_name(f".{target.name[:40]}.{os.urandom(6).hex()}.keep")
+        try:
+            os.link(target, kept, follow_symlinks=False)
+            return str(kept)
+        except FileNotFoundError:
+            return None
+        except FileExistsError:
+            continue
+        except OSError as exc:
+            if exc.errno not in _NO_LINKS:
+                raise
+            import shutil
+
+            shutil.copy2(target, kept, follow_symlinks=False)
+            return str(kept)
+    raise FileExistsError(errno.EEXIST, "no free name for a backup", str(target))
 
 
 def _quietly(fn, path) -> None:
@@ -161,9 +293,10 @@ def _make_folder(target: Path, what: str) -> list[Path]:
     return missing
 
 
-def write_output(path: Path | str, data: str | bytes, *, force: bool, what: str = "output") -> str:
+def write_output(path: Path | str, data: str | bytes, *, force: bool, what: str = "output",
+                 inputs: Sequence[Path | str] = ()) -> str:
     """Write one file atomically (see write_outputs); returns its path."""
-    return write_outputs({path: data}, force=force, what=what)[0]
+    return write_outputs({path: data}, force=force, what=what, inputs=inputs)[0]
 
 
 def _stage(target: Path, data: str | bytes, executable: tuple[str, ...], what: str) -> str:

@@ -324,15 +324,16 @@ def test_raw_candidate_count_is_exact_and_caps_the_space():
 
 
 def test_failed_write_leaves_nothing(tmp_path, monkeypatch):
-    """A write that fails after staging (here: the rename) removes its temporary files and the
-    folders it made; the error is one OutputFileError line naming the path and the reason."""
+    """A write that fails after staging (here: the link or rename into place) removes its temporary
+    files and the folders it made; the error is one OutputFileError line naming the path and the reason."""
     from autopar.errors import OutputFileError
     from autopar.io import write_outputs
 
-    def refuse(src, dst):
+    def refuse(src, dst, **kwargs):
         raise OSError(28, "No space left on device")
 
     monkeypatch.setattr(os, "replace", refuse)
+    monkeypatch.setattr(os, "link", refuse)
     target = tmp_path / "new" / "deeper" / "plan.json"
     with pytest.raises(OutputFileError, match="No space left on device") as info:
         write_outputs({target: "{}", tmp_path / "new" / "launch.sh": "#!/bin/sh\n"}, force=False)

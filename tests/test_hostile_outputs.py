@@ -182,3 +182,251 @@ def test_held_out_folds_are_leave_one_out_then_k_fold():
     folds = held_out_folds(25)
     assert len(folds) == MAX_HELD_OUT_FITS
     assert sorted(i for f in folds for i in f) == list(range(25))  # every run held out exactly once
+
+
+# --------------------------------------------------------------------------- 1. options that would be ignored
+
+_SWEEP = ["sweep", "llama3-8b", "-c", "dgx-h100", "-n", "8,16", "-b", "16", "-s", "2048", "--quiet"]
+_EST = ["estimate", "llama3-8b", "-c", "dgx-h100", "-n", "8", "-b", "8", "-s", "2048"]
+
+# (id, argv(folder), words the line must contain); every case is refused before any work.
+IGNORED = [
+    ("calibrate-reason-without-derive", lambda d: ["calibrate", "--reason", "why", "--out", d / "c.json"],
+     ["--reason", "--derive-as"]),
+    ("calibrate-derive-gpus-without-derive", lambda d: ["calibrate", "--derive-gpus", "H200", "--out", d / "c.json"],
+     ["--derive-gpus"]),
+    ("calibrate-gpu-with-runs-file", lambda d: ["calibrate", _runs_file(d, 3), "--gpu", "h100", "--out", d / "c.json"],
+     ["--gpu", "calibrate builtin"]),
+    ("calibrate-rounds-with-runs-file",
+     lambda d: ["calibrate", _runs_file(d, 3), "--rounds", "3", "--out", d / "c.json"], ["--rounds"]),
+    ("calibrate-fit-options-with-derive",
+     lambda d: ["calibrate", "--derive-as", "x", "--gpu", "h100", "--iters", "5", "--out", d / "c.json"],
+     ["--gpu, --iters", "--derive-as"]),
+    ("calibrate-runs-file-with-derive",
+     lambda d: ["calibrate", _runs_file(d, 3), "--derive-as", "x", "--out", d / "c.json"], ["runs file"]),
+    ("plan-max-tp-with-fix-tp", lambda d: _plan("--fix", "tp=2,pp=1", "--max-tp", "4"), ["--max-tp", "--fix"]),
+    ("sweep-max-tp-with-fix-tp", lambda d: _SWEEP + ["--fix", " tp = 2", "--max-tp", "4"], ["--max-tp", "--fix"]),
+    ("plan-plot-with-json", lambda d: _plan("--plot", d / "t.png", "--json"), ["--plot", "--json"]),
+    ("plan-explain-with-json", lambda d: _plan("--explain", "--json"), ["--explain", "--json"]),
+    ("plan-export-with-json-without-out", lambda d: _plan("--export", "megatron", "--json"), ["--export", "--out"]),
+    ("sweep-plot-with-json", lambda d: _SWEEP + ["--plot", d / "s.png", "--json"], ["--plot", "--json"]),
+    ("explain-plot-with-json",
+     lambda d: ["explain", "--plan", "tp=1", "-m", "llama3-8b", "-c", "dgx-h100", "-n", "8", "-b", "8",
+                "--plot", d / "e.png", "--json"], ["--plot", "--json"]),
+    ("explain-file-and-plan", lambda d: ["explain", d / "plan.json", "--plan", "tp=1"], ["not both"]),
+    ("explain-file-with-target", lambda d: ["explain", d / "plan.json", "--model", "llama3-8b", "-n", "16"],
+     ["--model, --gpus", "plan file names its own"]),
+    ("plan-force-without-outputs", lambda d: _plan("--force"), ["--force", "--out"]),
+    ("sweep-force-without-plot", lambda d: _SWEEP + ["--force"], ["--force", "--plot"]),
+    ("explain-force-without-plot", lambda d: ["explain", d / "plan.json", "--force"], ["--force", "--plot"]),
+    ("export-force-without-out", lambda d: ["export", d / "plan.json", "--force"], ["--force", "--out"]),
+    ("estimate-cp-comm-type-at-cp-1", lambda d: _EST + ["--cp-comm-type", "a2a"], ["--cp-comm-type", "--cp"]),
+    ("validate-iters-without-loso", lambda d: ["validate", "--iters", "5"], ["--iters", "--leave-one-source-out"]),
+    ("validate-loso-with-split-and-cost-model",
+     lambda d: ["validate", "--leave-one-source-out", "--split", "fit", "--cost-model", "h100"],
+     ["--split, --cost-model", "do not apply"]),
+    ("validate-summary-only-with-json", lambda d: ["validate", "--summary-only", "--json"], ["--summary-only"]),
+    ("validate-runs-summary-only-with-json",
+     lambda d: ["validate", "--runs", _runs_file(d, 3), "--summary-only", "--json"], ["--summary-only"]),
+]
+
+
+@pytest.fixture
+def plan_file(here) -> Path:
+    """A plan.json in the case's folder (made before the folder is snapshotted)."""
+    result = runner.invoke(app, _plan("--out", here / "plan.json"))
+    assert result.exit_code == 0, result.output
+    return here / "plan.json"
+
+
+@pytest.mark.parametrize("case", IGNORED, ids=[c[0] for c in IGNORED])
+def test_an_option_that_would_be_ignored_is_refused(case, here, plan_file):
+    name, argv, words = case
+    refused(here, argv(here), *words)
+
+
+def test_options_that_apply_are_still_accepted(here, plan_file):
+    """The refusals leave the combinations where each option does apply alone."""
+    for argv in (_plan("--fix", "pp=1", "--max-tp", "4", "--json"), _plan("--out", here / "b.json", "--force"),
+                 _EST + ["--cp", "2", "--cp-comm-type", "a2a"], ["export", plan_file, "--out", here / "x", "--force"],
+                 ["explain", plan_file, "--cost-model", "h100"]):
+        result, _ = _invoke(argv)
+        assert result.exit_code == 0, (argv, result.output)
+
+
+# --------------------------------------------------------------------------- 2. outputs
+
+
+def _llama_config(folder: Path) -> Path:
+    path = folder / "config.json"
+    path.write_text(LLAMA8B.read_text())
+    return path
+
+
+def test_out_onto_the_model_file_is_refused_even_with_force(here):
+    """plan --out config.json (the model) overwrote the model; so did ./sub/../config.json and a
+    symlink to it."""
+    config = _llama_config(here)
+    (here / "link.json").symlink_to("config.json")
+    (here / "sub").mkdir()
+    base = ["plan", config, "-c", "dgx-h100", "-n", "8", "-b", "8", "-s", "2048", "--quiet", "--force"]
+    for out in (config, "config.json", "sub/../config.json", here / "link.json"):
+        refused(here, base + ["--out", out], "is the input", "--force does not apply")
+    export_dir = base + ["--out", here, "--export", "deepspeed"]  # plan.json, ds_config.json and config.json
+    refused(here, export_dir, "is the input")
+
+
+def test_out_onto_the_cluster_or_cost_model_is_refused(here):
+    cluster = here / "cluster.yaml"
+    cluster.write_text((REPO / "hardware_profiles" / "dgx-h100.yaml").read_text())
+    cost = here / "cost.json"
+    cost.write_text((REPO / "cost_models" / "h100.json").read_text())
+    refused(here, ["plan", "llama3-8b", "-c", cluster, "-n", "8", "-b", "8", "--quiet", "--out", cluster, "--force"],
+            "is the input")
+    refused(here, _plan("--cost-model", cost, "--out", cost, "--force"), "is the input")
+    refused(here, ["calibrate", "--base", cost, "--out", cost, "--force"], "is the input")
+    refused(here, ["profile", "--device", "cpu", "--base", cost, "--out", cost, "--force"], "is the input")
+
+
+def test_export_onto_its_own_plan_file_is_refused(here, plan_file):
+    refused(here, ["export", plan_file, "--out", plan_file, "--force"], "is the input")
+    launch = here / "launch"
+    launch.mkdir()
+    own = launch / "ds_config.json"  # the plan file sits where the export writes ds_config.json
+    own.write_text(plan_file.read_text())
+    refused(here, ["export", own, "-f", "deepspeed", "--out", launch, "--force"], "is the input")
+    refused(here, ["export", own, "-f", "deepspeed", "--out", launch, "--force", "--json"], "is the input")
+
+
+def test_calibrate_onto_its_runs_file_is_refused(here):
+    runs = _runs_file(here, 3)
+    refused(here, ["calibrate", runs, "--base", "h100", "--out", runs, "--force"], "is the input")
+
+
+def test_out_and_plot_naming_one_file_are_refused(here):
+    """--out t-memory.png beside --plot t.png: the memory picture would overwrite the plan (or
+    the reverse); and --out t.png --plot ./t.png."""
+    pytest.importorskip("matplotlib")
+    refused(here, _plan("--out", "t-memory.png", "--plot", "t.png"), "t-memory.png", "its own path")
+    refused(here, _plan("--out", "t.png", "--plot", "./t.png", "--force"), "t.png", "its own path")
+    (here / "out").mkdir()
+    refused(here, _plan("--out", "out/t.png", "--plot", "out/../out/t.png"), "one file", "its own path")
+
+
+def test_an_existing_output_created_after_the_check_is_not_overwritten(here, monkeypatch):
+    """Without --force, the existence check and the creation are one step (os.link): a file that
+    another process writes between autopar's check and its write is kept, and the command fails."""
+    import autopar.io as io
+
+    stage = io._stage
+
+    def other_process_writes_first(target, data, executable, what):
+        tmp = stage(target, data, executable, what)
+        if target.name == "plan.json" and not target.exists():
+            target.write_text("the other process's plan")
+        return tmp
+
+    monkeypatch.setattr(io, "_stage", other_process_writes_first)
+    result, _ = _invoke(_plan("--out", here / "plan.json"))
+    assert result.exit_code == 2 and "another process" in result.stderr, result.output
+    assert (here / "plan.json").read_text() == "the other process's plan"
+    assert sorted(p.name for p in here.iterdir()) == ["plan.json"]  # no temporary file left
+
+
+def test_two_writers_of_one_file_never_both_succeed(tmp_path):
+    """Threads racing write_output(force=False) at one path: exactly one wins each round."""
+    import threading
+
+    from autopar.errors import OutputFileError
+    from autopar.io import write_output
+
+    for round_ in range(30):
+        target = tmp_path / f"plan{round_}.json"
+        barrier = threading.Barrier(2)
+        outcome: list[str] = []
+
+        def write(label: str) -> None:
+            barrier.wait()
+            try:
+                write_output(target, label, force=False)
+                outcome.append(label)
+            except OutputFileError:
+                outcome.append("refused")
+
+        threads = [threading.Thread(target=write, args=(label,)) for label in ("a", "b")]
+        for t in threads:
+            t.start()
+        for t in threads:
+            t.join()
+        assert sorted(outcome) in (["a", "refused"], ["b", "refused"]), outcome
+        assert target.read_text() == next(o for o in outcome if o != "refused")
+    assert sorted(p.name for p in tmp_path.iterdir()) == sorted(f"plan{r}.json" for r in range(30))
+
+
+def test_an_export_set_with_one_unwritable_file_changes_none(here, plan_file):
+    """deepspeed writes ds_config.json, launch_deepspeed.sh and config.json: with a directory where
+    config.json should go, --force replaces neither of the other two (nor creates them)."""
+    launch = here / "launch"
+    launch.mkdir()
+    (launch / "ds_config.json").write_text("mine")
+    (launch / "config.json").mkdir()
+    refused(here, ["export", plan_file, "-f", "deepspeed", "--out", launch, "--force"], "config.json",
+            "is a directory")
+    assert not (launch / "launch_deepspeed.sh").exists()
+
+
+def test_a_set_failing_at_its_last_file_takes_the_others_back(tmp_path, monkeypatch):
+    """The last rename fails after the first file was replaced and the second created: the first
+    is restored (the same file: inode and bytes), the second removed, no temporary file left."""
+    from autopar.errors import OutputFileError
+    from autopar.io import write_outputs
+
+    old = tmp_path / "a.json"
+    old.write_text("mine")
+    inode = old.stat().st_ino
+    replace = os.replace
+
+    def fail_on_c(src, dst):
+        if str(dst).endswith("c.json"):
+            raise OSError(28, "No space left on device")
+        return replace(src, dst)
+
+    monkeypatch.setattr(os, "replace", fail_on_c)
+    with pytest.raises(OutputFileError, match="No space left"):
+        write_outputs({old: "new", tmp_path / "b.json": "new", tmp_path / "c.json": "new"}, force=True)
+    assert old.read_text() == "mine" and old.stat().st_ino == inode
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["a.json"]
+
+
+@pytest.mark.parametrize("where", ["/proc/autopar-x.png", "/proc/no-such-folder/x.png", "FILE/x.png", "RO/x.png"])
+def test_a_plot_that_cannot_be_written_is_refused_before_the_tables(where, here):
+    pytest.importorskip("matplotlib")
+    if where.startswith("RO"):
+        if ROOT:
+            pytest.skip("root writes into read-only folders")
+        (here / "RO").mkdir(mode=0o555)
+    if where.startswith("FILE"):
+        (here / "FILE").write_text("a file, not a folder")
+    path = str(here / where) if not where.startswith("/") else where
+    for argv in (_plan("--plot", path), _SWEEP + ["--plot", path]):
+        before = _snapshot(here)
+        result, _ = _invoke(argv)
+        assert result.exit_code == 2 and result.stdout == "", result.output  # nothing printed before the refusal
+        assert result.stderr.count("\n") == 1 and "cannot write" in result.stderr, result.stderr
+        assert _snapshot(here) == before
+
+
+# --------------------------------------------------------------------------- 4. Ctrl-C
+
+
+def test_ctrl_c_is_one_line_and_exit_130(here, monkeypatch):
+    import autopar.api as api
+
+    def interrupted(*args, **kwargs):
+        raise KeyboardInterrupt
+
+    monkeypatch.setattr(api, "search_plans", interrupted)
+    result, _ = _invoke(_plan("--out", here / "plan.json"))
+    assert result.exit_code == 130, result.output
+    assert result.stderr == "error: interrupted\n"
+    assert list(here.iterdir()) == []

@@ -271,7 +271,12 @@ def _steady(runs: list[Run], min_gap_s: float, min_width_s: float) -> list[Run]:
 
 
 def plot_timeline(plan: ParallelPlan, estimate: Estimate, path: str | Path) -> Path:
-    """The pipeline timeline as a picture (PNG/SVG/PDF by the path's suffix). Needs matplotlib.
+    """The pipeline timeline written to `path` (PNG/SVG/PDF by its suffix; timeline_figure)."""
+    return _save(timeline_figure(plan, estimate), path)
+
+
+def timeline_figure(plan: ParallelPlan, estimate: Estimate):
+    """The pipeline timeline as a matplotlib Figure. Needs matplotlib.
     At most about MAX_DRAWN_CHUNK_OPS forward chunk-ops per rank are drawn, so bars stay legible;
     from vpp GROUP_CHUNKS_FROM_VPP on, back-to-back chunk-ops are drawn as one bar (op_runs)."""
     tl = pipeline_timeline(plan, estimate, max_microbatches=max(plan.pp, MAX_DRAWN_CHUNK_OPS // plan.vpp))
@@ -320,7 +325,7 @@ def plot_timeline(plan: ParallelPlan, estimate: Estimate, path: str | Path) -> P
     steady = any(r.kind == STEADY for r in runs)
     fig.legend(handles=_timeline_legend(tl, px_per_s, steady), loc="lower center", ncol=7, fontsize=9, frameon=False)
     fig.tight_layout(rect=(0, 0.06 if tl.pp > 2 else 0.12, 1, 1))
-    return _save(fig, path)
+    return fig
 
 
 def _wrap_notes(notes: list[str], width: int = 150) -> list[str]:
@@ -437,6 +442,11 @@ def memory_text(estimate: Estimate, width: int = 60) -> Text:
 
 
 def plot_memory(estimate: Estimate, path: str | Path, plan: ParallelPlan | None = None) -> Path:
+    """The memory bars written to `path` (memory_figure)."""
+    return _save(memory_figure(estimate, plan), path)
+
+
+def memory_figure(estimate: Estimate, plan: ParallelPlan | None = None):
     """Stacked memory bars per stage with the HBM capacity (and usable share) lines; `plan` names the
     layout in the title. Needs matplotlib."""
     stages = sorted(estimate.stages, key=lambda s: s.rank)
@@ -474,7 +484,7 @@ def plot_memory(estimate: Estimate, path: str | Path, plan: ParallelPlan | None 
     ax.legend(handles=lines + bars[::-1], loc="upper left", bbox_to_anchor=(1.01, 1.0), fontsize=9,
               frameon=False)  # parts listed top-down, as stacked
     fig.tight_layout()
-    return _save(fig, path)
+    return fig
 
 
 def label_y(total: float, line_ys: Sequence[float], height: float) -> float:
@@ -506,6 +516,11 @@ def _text_height(fig, ax, fontsize: float) -> float:
 
 
 def plot_sweep(points: Sequence[SweepPoint], path: str | Path, runs: Sequence[dict | None] | None = None) -> Path:
+    """The sweep's curves written to `path` (sweep_figure)."""
+    return _save(sweep_figure(points, runs), path)
+
+
+def sweep_figure(points: Sequence[SweepPoint], runs: Sequence[dict | None] | None = None):
     """tokens/s/GPU (left axis) and MFU (right axis) against the swept variable, each point labelled
     with its best layout; points without a plan are marked on the x axis. With `runs` (each point's
     whole-run block, autopar.cost.run), a second panel: days and GPU-hours to the token count, each
@@ -551,7 +566,7 @@ def plot_sweep(points: Sequence[SweepPoint], path: str | Path, runs: Sequence[di
         h1, l1 = h1 + h3, l1 + l3
     fig.legend(h1 + h2, l1 + l2, loc="lower center", ncol=3, fontsize=9, frameon=False)
     fig.tight_layout(rect=(0, 0.07, 1, 1))
-    return _save(fig, path)
+    return fig
 
 
 def _plot_runs(ax, points: Sequence[SweepPoint], runs: Sequence[dict | None], axis: str):
@@ -655,17 +670,37 @@ def _figure(width: float, height: float):
     return Figure(figsize=(width, height), dpi=110)
 
 
-def _save(fig, path: str | Path) -> Path:
-    """Render to memory, then write atomically (autopar.io): a failed write leaves no partial picture
-    and its OSError is one line. (The CLI refuses an existing picture without --force beforehand.)"""
+def picture_bytes(kind: str, path: str | Path, *, plan: ParallelPlan | None = None,
+                  estimate: Estimate | None = None, points: Sequence[SweepPoint] | None = None,
+                  runs: Sequence[dict | None] | None = None) -> bytes:
+    """The picture save_picture writes at a .png/.svg/.pdf `path`, rendered in memory (for a caller
+    that writes it with its other outputs, all or none). Needs matplotlib."""
+    if kind == "timeline":
+        fig = timeline_figure(plan, estimate)
+    elif kind == "memory":
+        fig = memory_figure(estimate, plan)
+    elif kind == "sweep":
+        fig = sweep_figure(points, runs)
+    else:
+        raise ValueError(f"unknown picture kind {kind!r}; use one of {', '.join(KINDS)}")
+    return _render(fig, path)
+
+
+def _render(fig, path: str | Path) -> bytes:
     import io
 
+    buf = io.BytesIO()
+    fig.savefig(buf, format=Path(path).suffix.lower().lstrip(".") or "png", bbox_inches="tight")
+    return buf.getvalue()
+
+
+def _save(fig, path: str | Path) -> Path:
+    """Render to memory, then write atomically (autopar.io): a failed write leaves no partial picture
+    and its OSError is one line. (The CLI writes its pictures with its other outputs: picture_bytes.)"""
     from autopar.io import write_output
 
     out = Path(path)
-    buf = io.BytesIO()
-    fig.savefig(buf, format=out.suffix.lower().lstrip(".") or "png", bbox_inches="tight")
-    write_output(out, buf.getvalue(), force=True, what="picture")
+    write_output(out, _render(fig, out), force=True, what="picture")
     return out
 
 
