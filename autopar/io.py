@@ -243,7 +243,11 @@ def _create(tmp: str, target: Path) -> None:
         if exc.errno not in _NO_LINKS:
             raise
         os.close(os.open(target, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o600))
-        os.replace(tmp, target)
+        try:
+            os.replace(tmp, target)
+        except OSError:
+            _quietly(os.unlink, target)  # the empty name it took
+            raise
 
 
 def _keep(target: Path) -> str | None:

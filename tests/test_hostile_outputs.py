@@ -430,3 +430,36 @@ def test_ctrl_c_is_one_line_and_exit_130(here, monkeypatch):
     assert result.exit_code == 130, result.output
     assert result.stderr == "error: interrupted\n"
     assert list(here.iterdir()) == []
+
+
+def test_without_hard_links_a_new_file_is_still_created_exclusively(tmp_path, monkeypatch):
+    """A file system that refuses os.link (FAT, some network mounts): the name is taken by an
+    exclusive create, so an existing file still fails, and nothing is left behind."""
+    import errno
+
+    from autopar.errors import OutputFileError
+    from autopar.io import write_output
+
+    def no_links(src, dst, **kwargs):
+        raise OSError(errno.EPERM, "Operation not permitted")
+
+    import autopar.io as io
+
+    monkeypatch.setattr(os, "link", no_links)
+    write_output(tmp_path / "a.json", "new", force=False)
+    assert (tmp_path / "a.json").read_text() == "new"
+    stage = io._stage
+
+    def other_process_writes_first(target, data, executable, what):
+        tmp = stage(target, data, executable, what)
+        target.write_text("theirs")
+        return tmp
+
+    monkeypatch.setattr(io, "_stage", other_process_writes_first)
+    with pytest.raises(OutputFileError, match="another process"):
+        write_output(tmp_path / "b.json", "mine", force=False)
+    assert (tmp_path / "b.json").read_text() == "theirs"
+    monkeypatch.setattr(io, "_stage", stage)
+    write_output(tmp_path / "a.json", "forced", force=True)  # the file it replaces is kept as a copy meanwhile
+    assert (tmp_path / "a.json").read_text() == "forced"
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["a.json", "b.json"]
