@@ -14,6 +14,9 @@ graph build stays bounded in time and memory by construction:
                       refused before it is read (shipped files are under 0.1 MiB).
   MAX_NAME_CHARS      a model or cluster name or path: 1,024 characters, every path part at
                       most 255 bytes (Linux NAME_MAX).
+  MAX_LAUNCH_SCRIPT_BYTES  a Megatron launch script (or argument string) to import: at most 2**17
+                      bytes, 128 KiB (hand-written scripts are a few KiB; Linux caps one argument
+                      at 128 KiB; a 3 MiB word took minutes in the quadratic shlex split).
   MAX_SCRIPT_EXPANSION_CHARS  an imported launch script's variables substitute at most 2**17
                       characters in all (hand-written scripts substitute a few thousand; a
                       variable doubled 24 times would be 16 MiB, and Python's shlex split is
@@ -55,6 +58,7 @@ MAX_NAME_CHARS = 1024
 MAX_PATH_PART_BYTES = 255
 MAX_PARTITION_STEPS = 2**20
 MAX_SCRIPT_EXPANSION_CHARS = 2**17
+MAX_LAUNCH_SCRIPT_BYTES = 2**17
 MAX_RUNS = 5000
 MAX_HELD_OUT_FITS = 10
 MAX_CALIBRATION_STEPS = 2**17

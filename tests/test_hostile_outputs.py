@@ -106,6 +106,18 @@ def test_a_self_doubling_script_variable_is_refused(here):
             f"{MAX_SCRIPT_EXPANSION_CHARS:,}")
 
 
+def test_a_launch_script_over_128_kib_is_refused_before_it_is_split(here):
+    """A 3 MiB word (no variables) took minutes in shlex's split, quadratic in a word's length."""
+    from autopar.limits import MAX_LAUNCH_SCRIPT_BYTES
+
+    script = here / "train.sh"
+    script.write_text("pretrain_gpt.py --num-layers " + "x" * (3 * 2**20) + "\n")
+    refused(here, ["estimate", "llama3-8b", "-c", "dgx-h100", "-n", "8", "--from-megatron", script],
+            f"{MAX_LAUNCH_SCRIPT_BYTES:,} bytes")
+    refused(here, ["estimate", "llama3-8b", "-c", "dgx-h100", "-n", "8", "--from-megatron",
+                   "--num-layers " + "7" * MAX_LAUNCH_SCRIPT_BYTES], f"{MAX_LAUNCH_SCRIPT_BYTES:,}")
+
+
 def test_a_4096_layer_model_plans_in_bounded_time(here):
     """4,096 small layers on 8 GPUs at batch 8 took 52 s (170 s with more GPUs) in the partition DP
     (O(pp · layers²) per refined candidate); above MAX_PARTITION_STEPS the even split stays."""

@@ -22,7 +22,8 @@ from autopar.cost.layout import stage_layer_counts
 from autopar.errors import InputFileError
 from autopar.export.megatron_rules import parse_layout, parse_megatron_argv
 from autopar.io import read_json_object, read_text_file
-from autopar.limits import MAX_GLOBAL_BATCH, MAX_GPUS, MAX_SCRIPT_EXPANSION_CHARS, clip_repr
+from autopar.limits import (MAX_GLOBAL_BATCH, MAX_GPUS, MAX_LAUNCH_SCRIPT_BYTES, MAX_SCRIPT_EXPANSION_CHARS, clip,
+                            clip_repr)
 from autopar.schema import one_line
 from autopar.schema.plan import ParallelPlan, Recompute
 
@@ -157,7 +158,16 @@ def _argv(source: str | Path | list[str] | tuple[str, ...]) -> tuple[list[str], 
     if isinstance(source, (list, tuple)):
         return list(source), {}
     if isinstance(source, Path) or _is_file(source):
-        return _script_argv(read_text_file(Path(source), "launch script", "pass the script's path or its arguments"))
+        path = Path(source)
+        size = path.stat().st_size if path.is_file() else 0
+        if size > MAX_LAUNCH_SCRIPT_BYTES:
+            raise InputFileError(f"launch script {clip(path)} is {size:,} bytes; autopar imports scripts of up to "
+                                 f"{MAX_LAUNCH_SCRIPT_BYTES:,} bytes (128 KiB), so pass the launch script itself")
+        return _script_argv(read_text_file(path, "launch script", "pass the script's path or its arguments",
+                                           max_bytes=MAX_LAUNCH_SCRIPT_BYTES))
+    if len(source) > MAX_LAUNCH_SCRIPT_BYTES:  # (Linux caps one command-line argument at 128 KiB as well)
+        raise InputFileError(f"the Megatron arguments are {len(source):,} characters; autopar reads at most "
+                             f"{MAX_LAUNCH_SCRIPT_BYTES:,}, so pass the launch script's own arguments")
     return _script_argv(source)
 
 
