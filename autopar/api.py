@@ -21,7 +21,7 @@ from autopar.listings import clusters, models  # noqa: F401 (re-exported)
 from autopar.model import PRESET_NAMES, ModelGraph
 from autopar.report.records import estimate_to_dict, plan_entry, plan_to_dict  # noqa: F401 (re-exported)
 from autopar.schema import one_line  # noqa: F401 (re-exported: the CLI's one line for a rejected value)
-from autopar.schema.plan import Framework, ParallelPlan, Precision, default_zero, parse_assignments
+from autopar.schema.plan import Framework, ParallelPlan, Precision, parse_assignments
 
 if TYPE_CHECKING:
     from autopar.report.explain import Explanation
@@ -171,8 +171,7 @@ def compare_plans(plan_files: list[str], plan_strings: list[str], *, model: str 
             raise SchemaError(f"--plan strings need {', '.join(missing)} (or a plan file to take them from)")
         seq = seq_len or load_model(model).spec.seq_length
         for text in plan_strings:
-            plan = plan_from_assignments(text, gpus, global_batch, seq, framework=framework,
-                                         zero=default_zero(framework))
+            plan = plan_from_assignments(text, gpus, global_batch, seq, framework=framework)
             entries.append((text, plan, estimate_plan(model, cluster, gpus, plan, cost_model, memory_margin)))
     if run_opts is not None:
         return entries, gpus, [run_for(model, cluster, gpus, plan, est, run_opts) for _, plan, est in entries]
@@ -357,8 +356,7 @@ def explain(plan_file: str | None = None, plan_string: str | None = None, *, mod
         if missing:
             raise SchemaError(f"--plan needs {', '.join(missing)}")
         seq = seq_len or load_model(model).spec.seq_length
-        plan = plan_from_assignments(plan_string, gpus, global_batch, seq, framework=framework,
-                                     zero=default_zero(framework))
+        plan = plan_from_assignments(plan_string, gpus, global_batch, seq, framework=framework)
     else:
         raise SchemaError("explain needs a plan JSON or --plan 'tp=...,pp=...' with --model --cluster --gpus --global-batch")
     return explain_plan(model, cluster, gpus, plan, cost_model, memory_margin)
@@ -453,7 +451,8 @@ def run_options(train_tokens: str | None, *, gpu_hour_cost: float | None = None,
     return RunOptions(
         train_tokens=parse_tokens(train_tokens), gpu_hour_cost_usd=gpu_hour_cost,
         failures_per_gpu_day=DEFAULT_FAILURES_PER_GPU_DAY if failure_rate is None else failure_rate,
-        checkpoint_bytes_per_s=DEFAULT_CHECKPOINT_BYTES_PER_S if checkpoint_gb_per_s is None else checkpoint_gb_per_s * GB,
+        checkpoint_bytes_per_s=(DEFAULT_CHECKPOINT_BYTES_PER_S if checkpoint_gb_per_s is None
+                                else checkpoint_gb_per_s * GB),
         restart_launch_s=DEFAULT_RESTART_S if restart_minutes is None else restart_minutes * 60.0,
         async_save=async_save, checkpoint_interval_s=None if checkpoint_minutes is None else checkpoint_minutes * 60.0)
 

@@ -25,10 +25,9 @@ import json
 import shlex
 from typing import Any
 
-from autopar.export.common import (cluster_block, header, layer_counts, node_shape, plan_layout, refuse,
-                                   require_exportable)
+from autopar.export.common import cluster_block, header, node_shape, plan_layout, refuse, require_exportable
 from autopar.frameworks import plan_refusals
-from autopar.schema.plan import ParallelPlan, Precision, RecomputeMode
+from autopar.schema.plan import ParallelPlan, RecomputeMode
 from autopar.schema.plan_file import PlanFile
 
 BUCKET_BYTES = 500_000_000  # DeepSpeed's default reduce/allgather bucket (elements), zero/config.py

@@ -28,8 +28,8 @@ The arguments are checked with megatron_rules before a script is written.
 from __future__ import annotations
 
 from autopar.errors import ExportError
-from autopar.export.common import (checkpoint_schedule, comment_safe, TORCHRUN, bash_array, cluster_block, header, layer_counts, plan_layout, refuse,
-                                   require_exportable)
+from autopar.export.common import (TORCHRUN, bash_array, checkpoint_schedule, cluster_block, comment_safe, header,
+                                   layer_counts, plan_layout, refuse, require_exportable)
 from autopar.export.megatron_rules import format_layout, megatron_notes, megatron_violations
 from autopar.schema.model import ModelSpec, MoESpec
 from autopar.schema.plan import ParallelPlan, Precision, RecomputeMode
@@ -311,7 +311,8 @@ def export_megatron(pf: PlanFile) -> str:
     iters = str(steps or 500000)
     settings = (_SETTINGS.replace("{train_iters}", iters).replace("{pad}", " " * max(1, 33 - len(iters)))
                 .replace("{planned}", " (the planned run's)" if steps else ""))
-    run_args = [a.replace("{save_interval}", str(interval)) for a in _RUN_ARGS] + (["--async-save"] if async_save else [])
+    run_args = [a.replace("{save_interval}", str(interval)) for a in _RUN_ARGS]
+    run_args += ["--async-save"] if async_save else []
     parts += [f"# Checkpoint every {interval} steps: the interval that maximises goodput under the run's interruptions"
               " (autopar.cost.run).", settings, cluster_block(pf, 6000)]
     if plan.zero >= 2:

@@ -35,15 +35,13 @@ Overlap flags are not settable: FSDP2 always prefetches and overlaps.
 
 from __future__ import annotations
 
-import shlex
-
 from autopar.cost.layout import Layout, torchtitan_layer_counts  # noqa: F401 (torchtitan's split, re-exported)
-from autopar.export.common import (checkpoint_schedule, comment_safe, shell_word, DEFAULT_GPUS_PER_NODE, TORCHRUN, bash_array, cluster_block, header, layer_counts,
-                                   plan_layout, refuse, require_exportable)
+from autopar.export.common import (TORCHRUN, bash_array, checkpoint_schedule, cluster_block, comment_safe, header,
+                                   layer_counts, plan_layout, refuse, require_exportable, shell_word)
 from autopar.frameworks import plan_refusals
 from autopar.frameworks.torchtitan import FLAVOURS, Flavour, flavour_for, no_flavour_reason  # noqa: F401 (re-exported)
 from autopar.schema.model import ModelSpec
-from autopar.schema.plan import ParallelPlan, RecomputeMode
+from autopar.schema.plan import ParallelPlan
 from autopar.schema.plan_file import PlanFile
 
 def _config_for(pf: PlanFile, plan: ParallelPlan) -> Flavour:

@@ -24,11 +24,6 @@ def framework_profile(name: str, release: str | None = None) -> FrameworkProfile
     return REGISTRY[str(name)].cost_profile(release)
 
 
-def profile_of(plan) -> FrameworkProfile:
-    """The cost profile a plan is priced with: its framework at its release."""
-    return REGISTRY[str(plan.framework)].cost_profile(plan.framework_release)
-
-
 def model_refusals(name: str, model_spec) -> list[str]:
     """Why framework `name` cannot train `model_spec` in any layout (empty = it can)."""
     return REGISTRY[str(name)].model_refusals(model_spec)

@@ -298,7 +298,8 @@ def print_run(console: Console, block: dict, what: str = "") -> None:
                   f"{block['steps']:,} steps: {_days(block)}, goodput {block['goodput']:.1%}")
     console.print(f"  {block['gpu_hours']:,.0f} GPU-hours{cost}; interrupted every {block['mtbf_hours']:.2f} h "
                   f"({block['interruptions']:,.0f} times), {block['restart_s'] / 60:.3g} min a restart")
-    console.print(f"  a {block['checkpoint_bytes'] / 1e12:.3g} TB checkpoint every {block['checkpoint_interval_steps']:,} "
+    console.print(f"  a {block['checkpoint_bytes'] / 1e12:.3g} TB checkpoint every "
+                  f"{block['checkpoint_interval_steps']:,} "
                   f"steps ({block['checkpoint_interval_s'] / 60:.3g} min; {saved} {block['checkpoint_write_s']:.3g} s)")
 
 
