@@ -81,16 +81,18 @@ logger = logging.getLogger(__name__)
 
 PUBLISHED_FILE = "published_runs.yaml"
 PUBLISHED_FILE_2 = "published_runs_2.yaml"
+PUBLISHED_FILE_3 = "published_runs_3.yaml"
 VTRAIN_SINGLE_FILE = "vtrain_ground_truth_single.csv"
 VTRAIN_MULTI_FILE = "vtrain_ground_truth_multi.csv"
 
 SOURCES: tuple[str, ...] = (
     "narayanan21", "korthikanti22", "megatron-readme", "nemo-24.07", "megatron-llama3-fp8",
     "vtrain-single", "vtrain-multi", "narayanan21-zero3", "torchtitan-2412", "megascale-moe",
+    "dgxc-nemo24", "dgxc-nemo25",
 )
 KNOWN_CLUSTERS: tuple[str, ...] = (
     "dgx-a100-40gb", "dgx-a100-80gb", "dgx-h100", "hgx-h800", "dgx-h200", "dgx-b200", "vtrain-a100",
-    "grandteton-h100-96gb",
+    "grandteton-h100-96gb", "gb200-nvl72",
 )
 
 # Published run id prefix -> short source name (a new source must be added here on purpose; the
@@ -104,6 +106,14 @@ _ID_PREFIX_TO_SOURCE = {
     "megatronlm_readme_": "megatron-readme",
     "nemo2407_": "nemo-24.07",
     "megatronlm_llama_example_fp8_": "megatron-llama3-fp8",
+    # NVIDIA/dgxc-benchmarking: the NeMo 24.09-24.12 tables (repo tags 25.01, 25.02.01, 24.11.1) and
+    # the 2025 tables of NeMo 25.04 images (tags 25.05.04, 25.05.05): two software generations with
+    # two timing methods (last step of 50 vs the mean of steps 11-44), so two sources.
+    "dgxc_v2501_": "dgxc-nemo24",
+    "dgxc_v250201_": "dgxc-nemo24",
+    "dgxc_v24111_": "dgxc-nemo24",
+    "dgxc_v250504_": "dgxc-nemo25",
+    "dgxc_v250505_": "dgxc-nemo25",
 }
 # hardware.gpu text of a published row -> autopar hardware profile.
 _GPU_TEXT_TO_CLUSTER = (
@@ -111,6 +121,7 @@ _GPU_TEXT_TO_CLUSTER = (
     ("H100 SXM 96GB HBM2e", "grandteton-h100-96gb"),
     ("H800", "hgx-h800"),
     ("H100", "dgx-h100"),
+    ("GB200", "gb200-nvl72"),
 )
 # Source -> the framework its runs used. narayanan21-zero3: "ZeRO-3 via DeepSpeed integrated into
 # Megatron codebase" (Megatron-DeepSpeed, as vTrain's runs); megascale-moe: the Megatron-LM baseline.
@@ -293,7 +304,7 @@ class _RowParallel(BaseModel):
     grad_accum_steps: int | None
     precision: str | None
     model_parallel_size: int | None
-    other: str | None
+    other: str | dict[str, Any] | None
 
 
 class _RowMetrics(BaseModel):
@@ -307,7 +318,7 @@ class _RowMetrics(BaseModel):
     step_time_s: float | None
     aggregate_pflops: float | None
     memory_gib: float | None
-    other: str | dict[str, float] | None
+    other: str | dict[str, Any] | None
 
 
 class _Row(BaseModel):
@@ -334,6 +345,7 @@ class _PublishedFile(BaseModel):
     title: str
     compiled: str
     conventions: dict[str, str]
+    skipped: list[dict[str, str]] = []  # source rows the compiler did not turn into runs, with the reason
     runs: list[_Row]
 
 
@@ -356,8 +368,12 @@ def _source_of(run_id: str) -> str:
 
 
 def _cluster_of(row: _Row) -> str:
+    from autopar.hardware import list_clusters
+
     for text, cluster in _GPU_TEXT_TO_CLUSTER:
         if text in row.hardware.gpu:
+            if cluster not in list_clusters():
+                raise _Unusable(f"GPU {row.hardware.gpu!r}: no {cluster} hardware profile to price it on")
             return cluster
     raise SchemaError(f"published run {row.id!r}: GPU {row.hardware.gpu!r} maps to no hardware profile")
 
@@ -375,9 +391,9 @@ def _parsed_activation(text: str | None) -> str | None:
     if text is None:
         return None
     lowered = text.lower()
-    if "swiglu" in lowered:
+    if "swiglu" in lowered or "geglu" in lowered:  # gated: three matrices (GeGLU costs as SwiGLU)
         return "swiglu"
-    if "gelu" in lowered:
+    if "gelu" in lowered or "squared relu" in lowered:  # non-gated: two matrices (Nemotron-4's relu²)
         return "gelu"
     raise SchemaError(f"activation {text!r} is neither GeLU nor SwiGLU; extend _parsed_activation")
 
@@ -393,6 +409,8 @@ def _family_defaults(source: str, family: str, model: _RowModel) -> dict[str, An
     if source == "megascale-moe":  # Table 2: m = 4 query heads per KV group; SwiGLU experts (see notes)
         return {"num_kv_heads": heads // 4, "activation": "swiglu", "normalization": "rmsnorm",
                 "position_embedding": "rope", "tie_embeddings": False}
+    if source.startswith("dgxc"):
+        return _dgxc_defaults(family, model)
     if family in ("llama2", "llama3"):
         return {"activation": "swiglu", "normalization": "rmsnorm", "position_embedding": "rope",
                 "tie_embeddings": False}
@@ -403,6 +421,24 @@ def _family_defaults(source: str, family: str, model: _RowModel) -> dict[str, An
         return {"num_kv_heads": heads, "activation": "gelu", "position_embedding": "learned",
                 "tie_embeddings": True}
     return {}
+
+
+def _dgxc_defaults(family: str, model: _RowModel) -> dict[str, Any]:
+    """dgxc-benchmarking recipes (Megatron-core GPT models in NeMo): RMSNorm, RoPE, untied
+    embeddings for every family; the vocabulary of the tokenizer the recipe ran (arch_notes): the
+    24.09 Llama 3.1 405B recipe runs GPT2BPETokenizer (GPT-2 BPE, 50,257), the 24.x Grok-1 recipe
+    the Meta-Llama-3-70B tokenizer (128,256)."""
+    out: dict[str, Any] = {"normalization": "rmsnorm", "position_embedding": "rope", "tie_embeddings": False}
+    name = model.name.lower()
+    if "grok" in name:
+        out.update(vocab_size=128256, activation="swiglu")
+    elif "405b" in name:
+        out["vocab_size"] = 50257
+    elif family == "nemotron" or "gpt-3" in name:
+        out["activation"] = "gelu"  # Nemotron-4's squared ReLU and GPT-3's GeLU: two matrices
+    if "gpt-3" in name:
+        out.update(normalization="layernorm", position_embedding="learned", tie_embeddings=True)
+    return out
 
 
 def _published_arch(row: _Row, source: str) -> dict[str, Any]:
@@ -477,7 +513,7 @@ def _recompute(text: str | None) -> str | None:
 def _zero_stage(parallel: _RowParallel) -> tuple[int | None, str]:
     if parallel.zero_stage is not None:
         return parallel.zero_stage, ""
-    if isinstance(parallel.fsdp, str) and "fsdp" in parallel.fsdp.lower():
+    if isinstance(parallel.fsdp, str) and "fsdp" in parallel.fsdp.lower() and not parallel.fsdp.lower().startswith("no"):
         return 3, ""  # FSDP2 full shard (torchtitan's default reshard_after_forward)
     if parallel.distributed_optimizer is not None:
         return int(parallel.distributed_optimizer), ""
@@ -565,6 +601,10 @@ _CONVERTERS = {
     "megascale-moe": lambda row, arch: _from_step_time(
         row, row.metrics.step_time_s, f"iteration time {row.metrics.step_time_s:g} s as printed (MegaScale-MoE Table 3)"),
     "megatron-llama3-fp8": lambda row, arch: _from_printed_tokens(row, "Megatron-LM examples/llama FP8 table"),
+    "dgxc-nemo24": lambda row, arch: _from_step_time(
+        row, row.metrics.step_time_s, f"train_step_timing {row.metrics.step_time_s:g} s of the last of 50 steps as printed"),
+    "dgxc-nemo25": lambda row, arch: _from_step_time(
+        row, row.metrics.step_time_s, f"mean train_step_timing {row.metrics.step_time_s:g} s of steps 11-44 as printed"),
 }
 
 
@@ -572,6 +612,8 @@ def _published_fields(row: _Row) -> dict[str, Any]:
     """MeasuredRun fields of one published row (all but split); _Unusable if it cannot convert."""
     source = _source_of(row.id)
     degrees = _degrees(row)
+    if "hybrid" in row.model.name.lower() or "mamba" in row.model.name.lower():
+        raise _Unusable("hybrid Mamba-2/attention layers: the row gives no layer pattern to build")
     arch = _published_arch(row, source)
     throughput = _CONVERTERS[source](row, arch)
     precision, precision_note = _precision(row.parallel.precision)
@@ -720,7 +762,7 @@ def measured_dir() -> Path:
 @functools.lru_cache(maxsize=1)
 def _load_all() -> tuple[tuple[MeasuredRun, ...], tuple[tuple[str, str], ...]]:
     folder = measured_dir()
-    published, skipped = _load_published(folder / PUBLISHED_FILE, folder / PUBLISHED_FILE_2)
+    published, skipped = _load_published(folder / PUBLISHED_FILE, folder / PUBLISHED_FILE_2, folder / PUBLISHED_FILE_3)
     single = _load_vtrain(folder / VTRAIN_SINGLE_FILE, "vtrain-single")
     multi = _load_vtrain(folder / VTRAIN_MULTI_FILE, "vtrain-multi")
     return tuple(published + single + multi), tuple(skipped)

@@ -22,7 +22,7 @@ from autopar.cost.step import estimate
 from autopar.frameworks import framework_spec
 from autopar.hardware import Cluster, load_cluster
 from autopar.model import ModelGraph, build_graph
-from autopar.schema.model import ModelSpec, MoESpec
+from autopar.schema.model import MLASpec, ModelSpec, MoESpec
 from autopar.schema.plan import ParallelPlan, Recompute, plan_violations
 from autopar.units import GiB
 from autopar.validate.dataset import MeasuredRun
@@ -98,16 +98,23 @@ def _spec_for(run: MeasuredRun, shared_experts: int) -> ModelSpec:
                            expert_ffn_hidden_size=moe["moe_ffn_hidden"],
                            num_shared_experts=shared_experts,
                            shared_expert_ffn_hidden_size=moe["moe_ffn_hidden"] if shared_experts else 0,
-                           first_k_dense=moe.get("dense_layers") or 0)
+                           first_k_dense=moe.get("dense_layers") or 0, layer_freq=_moe_layer_freq(run))
+    mla = MLASpec(**a["mla"]) if a.get("mla") else None
     return ModelSpec(
         name=run.run_id, source=run.source_detail, num_layers=a["num_layers"], hidden_size=a["hidden_size"],
         num_attention_heads=heads, num_kv_heads=a.get("num_kv_heads") or heads,
         ffn_hidden_size=a.get("ffn_hidden_size") or (moe["moe_ffn_hidden"] if moe else 4 * a["hidden_size"]),
-        vocab_size=_vocab(run), moe=moe_spec,
+        vocab_size=_vocab(run), moe=moe_spec, mla=mla,
         seq_length=run.seq_len, activation=a.get("activation") or "gelu",
         normalization=a.get("normalization") or "layernorm", position_embedding=a.get("position_embedding") or "rope",
         tie_embeddings=bool(a.get("tie_embeddings")), dropout=run.source in ("narayanan21", "korthikanti22") or run.source.startswith("vtrain"),
     )
+
+
+def _moe_layer_freq(run: MeasuredRun) -> int:
+    """Every k-th layer is MoE: 2 for Llama 4 Maverick, whose layers alternate dense and MoE
+    (config.json interleave_moe_layer_step 2; the dgxc row's arch_notes), else 1."""
+    return 2 if "maverick" in run.run_id else 1
 
 
 @lru_cache(maxsize=64)
@@ -131,7 +138,7 @@ def candidate_plans(run: MeasuredRun, graph: ModelGraph) -> list[ParallelPlan]:
         # pipeline-stage takes any divisor of the layers per pipeline rank), not a hand-picked few.
         vpp_options = [1] + [v for v in range(2, graph.spec.num_layers // run.pp + 1)
                              if run.pp > 1 and graph.spec.num_layers % (run.pp * v) == 0]
-    overlap_options = [False, True] if run.tp > 1 and run.source.startswith(("nemo", "megatron")) else [False]
+    overlap_options = [False, True] if run.tp > 1 and run.source.startswith(("nemo", "megatron", "dgxc")) else [False]
     zero = run.zero_stage if run.zero_stage is not None else framework_spec(run.framework).default_zero
     ep_options = _ep_options(run, graph, dp)
     cp_comm = framework_spec(run.framework).default_cp_comm_type  # torchtitan all-gathers K/V
@@ -140,7 +147,7 @@ def candidate_plans(run: MeasuredRun, graph: ModelGraph) -> list[ParallelPlan]:
                                                             overlap_options, ep_options):
         if overlap and not sp:
             continue
-        plan = ParallelPlan(tp=run.tp, pp=run.pp, cp=run.cp, ep=ep, vpp=vpp, mbs=mbs,
+        plan = ParallelPlan(tp=run.tp, pp=run.pp, cp=run.cp, ep=ep, etp=_etp(run), vpp=vpp, mbs=mbs,
                             global_batch=run.global_batch, seq_len=run.seq_len, zero=zero,
                             sp=sp if run.tp > 1 else None, recompute=Recompute(mode=rec),
                             precision="fp8" if run.precision == "fp8" else "bf16",
@@ -164,6 +171,14 @@ def _ep_options(run: MeasuredRun, graph: ModelGraph, dp: int) -> list[int]:
         # Sec. 6.1: "a TP size of 8 forces EP to operate across nodes": EP is in use (ep > 1).
         options = options[1:]
     return options
+
+
+def _etp(run: MeasuredRun) -> int | None:
+    """The expert TP degree the run states (dgxc's 2025 tables print ETP), else Megatron's default
+    (None = tp: Megatron-core before 0.10 had no separate expert TP)."""
+    if not run.arch.get("moe"):
+        return None
+    return run.etp if run.etp > 1 or run.source == "dgxc-nemo25" else None
 
 
 def _local_ddp(run: MeasuredRun) -> bool:
