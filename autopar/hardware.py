@@ -39,9 +39,16 @@ _FIX_BY_FIELD = {"sources": "list the datasheet, user guide or paper each number
 class Cluster:
     """A sized cluster in base units (bytes, bytes/s, FLOP/s, s); the cost model's only view of hardware.
 
-    `gpus_per_node` is the server's NVLink domain size from the profile. Whole nodes are used, so
-    num_gpus == num_nodes * gpus_per_node, except for a single partial node (num_nodes == 1 and
-    num_gpus < gpus_per_node); `gpus_in_node` gives the GPUs actually used per node.
+    `gpus_per_node` is the host's GPU count (a DGX server, an NVL72 compute tray of 4). Whole hosts
+    are used, so num_gpus == num_nodes * gpus_per_node, except for a single partial node (num_nodes
+    == 1 and num_gpus < gpus_per_node); `gpus_in_node` gives the GPUs actually used per node.
+
+    `scale_up_gpus` is the part of one scale-up domain (NVLink / Infinity Fabric) the job's ranks
+    fill in rank order, the span every process group is placed on (autopar.cost.comm.group_span):
+    the host where the profile states no domain (bit-for-bit the old model), else the largest whole
+    number of hosts up to the domain that divides the job (512 GPUs on 72-GPU NVL72 racks: 64 per
+    rack, the equal segments a scheduler hands out, SLURM --segment). `scale_up_domain_gpus` is the
+    domain itself (72), `scale_up_fabric` "switch" or "mesh" with `scale_up_links` links per GPU.
     """
 
     name: str
@@ -59,6 +66,35 @@ class Cluster:
     inter_node_latency_s: float
     oversubscription: float  # 1 = non-blocking
     topology: str
+    scale_up_gpus: int = 0  # 0: gpus_per_node (a Cluster built by hand)
+    scale_up_domain_gpus: int = 0
+    scale_up_fabric: str = "switch"
+    scale_up_links: int = 0  # mesh: point-to-point links per GPU, intra_node_bytes_per_s their sum
+    vendor: str = "nvidia"
+    precisions: tuple[str, ...] = ()  # GEMM formats besides bf16 (fp8, mxfp8, nvfp4, mxfp4); () = fp8 if a peak
+    # The profile's own cost model (a measured one, `autopar profile --distributed`), as a path;
+    # None: the shipped one for the GPU. Not hashed: the cost terms read CostParams, never this.
+    cost_model: str | None = field(default=None, compare=False)
+
+    def __post_init__(self) -> None:
+        if not self.scale_up_gpus:
+            object.__setattr__(self, "scale_up_gpus", self.gpus_per_node)
+        if not self.scale_up_domain_gpus:
+            object.__setattr__(self, "scale_up_domain_gpus", self.scale_up_gpus)
+        if not self.precisions and "fp8" in self.peak_flops_by_dtype:
+            object.__setattr__(self, "precisions", ("fp8",))
+
+    def supports(self, precision: str) -> bool:
+        """Whether the GPU's tensor cores run GEMMs in `precision` (bf16 everywhere)."""
+        return str(precision) == "bf16" or str(precision) in self.precisions
+
+    def mesh_link_share(self, ranks: int) -> float:
+        """Fraction of the per-GPU scale-up bandwidth a group of `ranks` GPUs inside one domain
+        uses: 1 on a switch; (ranks − 1)/links on a full mesh, whose GPUs reach each peer over one
+        link of their own (AMD Instinct platform: 7 xGMI links per GPU to its 7 peers)."""
+        if self.scale_up_fabric != "mesh" or not self.scale_up_links or ranks <= 1:
+            return 1.0
+        return min(ranks - 1, self.scale_up_links) / self.scale_up_links
 
     def peak_flops(self, dtype: str) -> float:
         """Dense peak FLOP/s of one GPU in `dtype`; SchemaError naming the supported dtypes if absent."""
@@ -88,16 +124,40 @@ def list_clusters() -> list[str]:
 
 
 def cluster_rows() -> list[dict[str, Any]]:
-    """Every shipped cluster profile with its headline numbers (what `autopar clusters` lists)."""
+    """Every shipped cluster profile with its headline numbers (what `autopar clusters` lists):
+    `scale_up_domain_gpus` and `scale_up` (fabric, its name, links) state the NVLink / Infinity
+    Fabric domain apart from the host (`gpus_per_node`)."""
     out = []
     for name in list_clusters():
         prof = load_profile(name)
+        up = prof.scale_up
         out.append({"name": name, "gpu": prof.gpu.name, "gpus_per_node": prof.node.gpus_per_node,
+                    "scale_up_domain_gpus": up.domain_gpus if up else prof.node.gpus_per_node,
+                    "scale_up": {"fabric": up.fabric if up else "switch", "name": up.name if up else None,
+                                 "links_per_gpu": up.links_per_gpu if up else None},
+                    "vendor": prof.gpu.vendor, "precisions": ["bf16", *_low_precision(prof)],
                     "bf16_tflops": prof.gpu.peak_tflops.bf16, "hbm_gib": prof.gpu.hbm_gib,
                     "nvlink_gb_per_s": prof.node.intra_node_gb_per_s,
                     "network": f"{prof.network.nics_per_node}x{prof.network.nic_gbit_per_s:g} Gb/s",
                     "description": prof.description})
     return out
+
+
+def _low_precision(profile: ClusterProfile) -> list[str]:
+    """The profile's low-precision GEMM formats: as listed, else fp8 where it gives an fp8 peak."""
+    gpu = profile.gpu
+    if gpu.low_precision is not None:
+        return list(gpu.low_precision)
+    return ["fp8"] if gpu.peak_tflops.fp8 is not None else []
+
+
+def segment_gpus(host_gpus: int, domain_gpus: int, num_gpus: int) -> int:
+    """GPUs of one scale-up domain a job of `num_gpus` fills: the largest multiple of the host up
+    to the domain that divides the job (equal segments of whole hosts per domain, as SLURM's
+    --segment hands them out), the job itself when it is smaller than the domain."""
+    if num_gpus <= domain_gpus:
+        return num_gpus if num_gpus % host_gpus == 0 else host_gpus
+    return max(d for d in range(host_gpus, domain_gpus + 1, host_gpus) if num_gpus % d == 0)
 
 
 def load_profile(name_or_path: str) -> ClusterProfile:
@@ -111,14 +171,21 @@ def load_cluster(name_or_path: str, gpus: int | None = None) -> Cluster:
     """Load a profile and size it to `gpus` GPUs (None = one full node), in base units."""
     profile = load_profile(name_or_path)
     num_gpus, num_nodes = _size(profile, profile.node.gpus_per_node if gpus is None else gpus)
-    return cluster_from_profile(profile, num_gpus, num_nodes)
+    cluster = cluster_from_profile(profile, num_gpus, num_nodes)
+    if profile.cost_model is None:
+        return cluster
+    import dataclasses
+
+    path = _resolve(name_or_path).parent / Path(profile.cost_model).expanduser()
+    return dataclasses.replace(cluster, cost_model=str(path))
 
 
 def cluster_from_profile(profile: ClusterProfile, num_gpus: int, num_nodes: int) -> Cluster:
     """Convert a validated profile to base units; the only place file units become bytes and seconds."""
-    gpu, node, net = profile.gpu, profile.node, profile.network
+    gpu, node, net, up = profile.gpu, profile.node, profile.network, profile.scale_up
     peaks = {dtype: tflops * TFLOPS for dtype in type(gpu.peak_tflops).model_fields
              if (tflops := getattr(gpu.peak_tflops, dtype)) is not None}
+    scale_up = node.gpus_per_node if up is None else segment_gpus(node.gpus_per_node, up.domain_gpus, num_gpus)
     return Cluster(
         name=profile.name,
         gpu_name=gpu.name,
@@ -135,6 +202,12 @@ def cluster_from_profile(profile: ClusterProfile, num_gpus: int, num_nodes: int)
         inter_node_latency_s=net.latency_us * US,
         oversubscription=net.oversubscription,
         topology=net.topology,
+        scale_up_gpus=scale_up,
+        scale_up_domain_gpus=node.gpus_per_node if up is None else up.domain_gpus,
+        scale_up_fabric="switch" if up is None else up.fabric,
+        scale_up_links=(up.links_per_gpu or 0) if up is not None else 0,
+        vendor=gpu.vendor,
+        precisions=tuple(_low_precision(profile)),
     )
 
 
@@ -316,10 +389,15 @@ if __name__ == "__main__":
 
 
 def gpu_arch(gpu_name: str) -> str:
-    """ampere (A100), hopper (H100/H800/H200), blackwell (B200), from the profile's GPU name."""
+    """ampere (A100), hopper (H100/H800/H200), blackwell (B200, B300, GB200, GB300), cdna3 (MI300X,
+    MI325X), cdna4 (MI350X, MI355X), from the profile's GPU name."""
     upper = gpu_name.upper()
     if "A100" in upper:
         return "ampere"
-    if "B200" in upper or "B100" in upper or "GB200" in upper:
+    if "MI35" in upper:
+        return "cdna4"
+    if "MI3" in upper:
+        return "cdna3"
+    if any(tag in upper for tag in ("B200", "B100", "B300")):
         return "blackwell"
     return "hopper"

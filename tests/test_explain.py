@@ -55,7 +55,7 @@ def test_stage_memory_is_the_estimates(tp8pp4):
 def test_doubling_tp_past_the_node_is_invalid(tp8pp4):
     alt = next(a for a in tp8pp4.alternatives if a.axis == "tp" and a.plan.tp == 16)
     assert alt.verdict == "invalid" and alt.estimate is None
-    assert "tp 16 exceeds the 8 GPUs of a node" in alt.reason
+    assert "tp 16 exceeds the 8 GPUs of the scale-up domain" in alt.reason
     assert "(dp 2→1)" in alt.name
 
 
@@ -162,7 +162,7 @@ def test_render_names_every_stage_and_alternative(tp8pp4):
 
 
 def test_an_invalid_plan_is_refused():
-    with pytest.raises(InvalidPlanError, match="exceeds the 8 GPUs of a node"):
+    with pytest.raises(InvalidPlanError, match="exceeds the 8 GPUs of the scale-up domain"):
         explain(MODEL, CLUSTER, GPUS, _plan(tp=16, pp=4))
 
 

@@ -21,7 +21,7 @@ def test_explain_json_sums_and_neighbours():
     changes = " ".join(a["change"] if isinstance(a["change"], str) else json.dumps(a["change"]) for a in d["alternatives"])
     assert "tp" in changes and "pp" in changes and "mbs" in changes and "zero" in changes
     tp16 = [a for a in d["alternatives"] if a["verdict"] == "invalid"]
-    assert any("GPUs of a node" in a["reason"] for a in tp16)
+    assert any("GPUs of the scale-up domain" in a["reason"] for a in tp16)
 
 
 def test_plan_explain_and_plot(tmp_path):

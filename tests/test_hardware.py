@@ -55,11 +55,13 @@ def test_shipped_profile_loads_by_name_and_by_path(path: Path):
 
 @pytest.mark.parametrize("path", SHIPPED_FILES, ids=lambda p: p.stem)
 def test_shipped_profile_numbers_are_consistent(path: Path):
-    """Dense peaks keep the tensor-core ratios every NVIDIA datacenter GPU since A100 has."""
+    """Dense peaks keep the tensor-core ratios every NVIDIA datacenter GPU since A100 has (and AMD's
+    CDNA 3 and 4; CDNA 4 has no TF32 matrix format at all)."""
     cluster = load_cluster(path.stem)
     peaks = cluster.peak_flops_by_dtype
     assert peaks["fp16"] == peaks["bf16"]
-    assert peaks["tf32"] == pytest.approx(peaks["bf16"] / 2, rel=0.03)
+    if "tf32" in peaks:
+        assert peaks["tf32"] == pytest.approx(peaks["bf16"] / 2, rel=0.03)
     if "fp8" in peaks:
         assert peaks["fp8"] == pytest.approx(2 * peaks["bf16"], rel=0.01)
     # NVLink per direction is faster than one GPU's share of the scale-out fabric.

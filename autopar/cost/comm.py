@@ -1,8 +1,16 @@
 """Collective communication time on the link tier a process group spans.
 
 Rank order is Megatron's: tp fastest, then cp, then dp (dense) or etp, ep, edp (experts), then pp.
-A group of `size` ranks with stride s (product of the faster axes) stays inside a node when
-s·size <= GPUs per node; otherwise it holds max(1, gpn/s) ranks per node.
+A group of `size` ranks with stride s (product of the faster axes) stays inside a scale-up domain
+when s·size <= the GPUs of the domain the job fills (Cluster.scale_up_gpus: the host of a DGX/HGX,
+64 or 72 GPUs of an NVL72 rack); otherwise it holds max(1, gpd/s) ranks per domain ("node" below
+means that domain: the NVLink / Infinity Fabric island, not the host).
+
+The scale-up links a group uses: on a switch (NVSwitch) every GPU reaches any subset at its full
+per-GPU rate; on a full mesh (AMD Instinct platforms: 7 xGMI links per GPU, one to each peer) a
+group of k GPUs in one domain uses only the k − 1 links among them (Cluster.mesh_link_share), so
+a pair talks over one link (MI300X: 64 GB/s per direction of the 448 GB/s sum; AMD Instinct
+MI300X datasheet, 7 links at 128 GB/s peak bidirectional each).
 
 Time = α · steps + volume / (bus bandwidth · message efficiency), NCCL's bus-bandwidth convention
 (NCCL tests, PERFORMANCE.md): all-reduce moves 2(n-1)/n of the buffer, all-gather and
@@ -46,7 +54,7 @@ def group_span(size: int, stride: int, gpus_per_node: int) -> GroupSpan:
 
 def bus_bandwidth_bytes_per_s(span: GroupSpan, cluster: Cluster, p: CostParams) -> float:
     """Achievable bus bandwidth of a ring collective on this group, before message-size effects."""
-    intra = cluster.intra_node_bytes_per_s * p.intra_node_efficiency
+    intra = cluster.intra_node_bytes_per_s * p.intra_node_efficiency * cluster.mesh_link_share(span.ranks_per_node)
     if not span.crosses_nodes:
         return intra
     inter = span.ranks_per_node * cluster.inter_node_bytes_per_s_per_gpu * p.inter_node_efficiency
@@ -144,7 +152,7 @@ def all_to_all_s(send_bytes: float, span: GroupSpan, cluster: Cluster, p: CostPa
     local_peers = span.ranks_per_node - 1
     remote_peers = n - span.ranks_per_node
     message = send_bytes / n
-    intra_bw = cluster.intra_node_bytes_per_s * p.intra_node_efficiency
+    intra_bw = cluster.intra_node_bytes_per_s * p.intra_node_efficiency * cluster.mesh_link_share(span.ranks_per_node)
     t_intra = _transfer_s(send_bytes * local_peers / n, message, intra_bw, p) if local_peers else 0.0
     t_inter = 0.0
     if remote_peers:
@@ -162,6 +170,6 @@ def send_recv_s(message_bytes: float, crosses_nodes: bool, cluster: Cluster, p: 
         bw = cluster.inter_node_bytes_per_s_per_gpu * p.inter_node_efficiency  # every GPU of a node sends
         alpha = cluster.inter_node_latency_s
     else:
-        bw = cluster.intra_node_bytes_per_s * p.intra_node_efficiency
+        bw = cluster.intra_node_bytes_per_s * p.intra_node_efficiency * cluster.mesh_link_share(2)  # one link
         alpha = cluster.intra_node_latency_s
     return alpha + p.collective_overhead_s + _transfer_s(message_bytes, message_bytes, bw, p)

@@ -95,6 +95,26 @@ def attention_time_s(flops: float, seq_len: float, peak_flops: float, p: CostPar
     return flops / (peak_flops * attention_efficiency(seq_len, p, unfused, rate)) + p.kernel_overhead_s
 
 
+def gemm_peak_flops(precision: str, peak_flops_by_dtype: dict[str, float], p: CostParams) -> float:
+    """The rate the low-precision-eligible GEMMs of a `precision` plan are priced at, as the bf16 peak
+    times an achieved gain (not the datasheet's ratio): bf16 at its peak; fp8 and mxfp8 at
+    p.fp8_speedup (an MXFP8 GEMM runs at the FP8 tensor-core rate, its E8M0 block scales applied
+    in the MMA on Blackwell and CDNA 4: NVIDIA Blackwell architecture technical brief, AMD CDNA 4
+    white paper); nvfp4 and mxfp4 at p.fp4_speedup, or where the cost model has none, derived:
+    fp8_speedup × the GPU's dense fp4/fp8 peak ratio (the same fraction of peak as fp8 reaches).
+    Ignored: NVFP4's random Hadamard transforms and 2D weight scaling beyond the casts, which the
+    cast terms price at fp8's bytes (autopar.cost.layer)."""
+    bf16 = peak_flops_by_dtype["bf16"]
+    name = str(precision)
+    if name in ("fp8", "mxfp8"):
+        return bf16 * p.fp8_speedup
+    if name in ("nvfp4", "mxfp4"):
+        if p.fp4_speedup:
+            return bf16 * p.fp4_speedup
+        return bf16 * p.fp8_speedup * peak_flops_by_dtype["fp4"] / peak_flops_by_dtype["fp8"]
+    return bf16
+
+
 def memory_bound_time_s(bytes_moved: float, hbm_bytes_per_s: float, p: CostParams, kernels: int = 1) -> float:
     """Elementwise ops (norms, activations, residuals, optimizer): HBM traffic over achieved bandwidth."""
     if bytes_moved <= 0:

@@ -93,7 +93,7 @@ class Layout:
 
     num_gpus: int
     num_layers: int  # decoder layers of the model
-    gpus_per_node: int  # the node's NVLink domain (group spans are placed on it)
+    gpus_per_node: int  # the GPUs of one scale-up domain the job fills (Cluster.scale_up_gpus): group spans are placed on it
     tp: int
     pp: int
     cp: int
@@ -111,7 +111,7 @@ class Layout:
     @classmethod
     def of(cls, plan: ParallelPlan, cluster: Cluster, graph: ModelGraph) -> "Layout":
         """The layout of `plan` on `cluster` for `graph` (the plan is assumed valid)."""
-        return cls.build(plan, cluster.num_gpus, cluster.gpus_per_node, graph.spec.num_layers,
+        return cls.build(plan, cluster.num_gpus, cluster.scale_up_gpus, graph.spec.num_layers,
                          graph.spec.tie_embeddings)
 
     @classmethod
@@ -250,16 +250,17 @@ def layout_violations(plan: ParallelPlan, cluster: Cluster, graph: ModelGraph) -
     s = graph.spec
     return plan_violations(plan, num_gpus=cluster.num_gpus, num_layers=s.num_layers, num_heads=s.num_attention_heads,
                            num_kv_heads=s.kv_heads, num_experts=s.moe.num_experts if s.moe else 0,
-                           gpus_per_node=cluster.gpus_per_node) + precision_violations(plan.precision, cluster)
+                           gpus_per_node=cluster.scale_up_gpus) + precision_violations(plan.precision, cluster)
 
 
 def precision_violations(precision: str, cluster: Cluster) -> list[str]:
-    """A precision the cluster's GPU has no tensor-core peak for (fp8 on an A100), with the fix."""
-    if str(precision) in cluster.peak_flops_by_dtype:
+    """A precision the cluster's GPU has no tensor cores for (fp8 on an A100, nvfp4 on an H100 or an
+    MI355X, mxfp8 before Blackwell and CDNA 4), with the fix: the profile's formats (Cluster.supports)."""
+    if cluster.supports(precision):
         return []
-    supported = ", ".join(d for d in ("bf16", "fp8") if d in cluster.peak_flops_by_dtype)
-    return [f"the {cluster.gpu_name} of {cluster.name} has no {precision} tensor cores (its profile gives no {precision} "
-            f"peak); use --precision {supported or 'bf16'}"]
+    supported = " or ".join(("bf16",) + cluster.precisions)
+    return [f"the {cluster.gpu_name} of {cluster.name} has no {precision} tensor cores (its profile lists "
+            f"{', '.join(cluster.precisions) or 'none'} besides bf16); use --precision {supported}"]
 
 
 def check_layout(plan: ParallelPlan, cluster: Cluster, graph: ModelGraph) -> None:

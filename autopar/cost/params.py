@@ -49,6 +49,7 @@ class CostParams:
     attention_rates: tuple[tuple[str, float, float], ...] = ()  # (kernel family, fwd, bwd) fractions of peak
     framework_overrides: tuple[tuple[str, tuple[tuple[str, float], ...]], ...] = ()
     framework: str = "megatron"
+    fp4_speedup: float = 0.0  # achieved fp4 over bf16 GEMM speed-up; 0 = derived (autopar.cost.compute.gemm_peak_flops)
 
     def attention_rate(self, kernel: str) -> tuple[float, float]:
         """(forward, backward) fraction of the bf16 peak of a flash kernel family; a profiled entry
@@ -61,6 +62,7 @@ class CostParams:
 _OVERRIDE_FIELDS = {
     "gemm_max": ("compute", "gemm_max", 1.0), "hbm_efficiency": ("compute", "hbm_efficiency", 1.0),
     "kernel_overhead_us": ("compute", "kernel_overhead_s", US), "fp8_speedup": ("compute", "fp8_speedup", 1.0),
+    "fp4_speedup": ("compute", "fp4_speedup", 1.0),
     "layer_launch_floor_us": ("compute", "layer_launch_floor_s", US),
     "intra_node": ("network", "intra_node_efficiency", 1.0), "inter_node": ("network", "inter_node_efficiency", 1.0),
     "collective_overhead_us": ("network", "collective_overhead_s", US),
@@ -94,6 +96,7 @@ def params_from_file(f: CostModelFile) -> CostParams:
         attention_half_seq=c.attention_half_seq, unfused_attention_max=c.unfused_attention_max, attention_backward_ratio=c.attention_backward_ratio,
         hbm_efficiency=c.hbm_efficiency, kernel_overhead_s=c.kernel_overhead_us * US,
         layer_launch_floor_s=c.layer_launch_floor_us * US, fp8_speedup=c.fp8_speedup,
+        fp4_speedup=c.fp4_speedup or 0.0,
         intra_node_efficiency=n.intra_node, inter_node_efficiency=n.inter_node,
         half_message_bytes=n.half_message_bytes, collective_overhead_s=n.collective_overhead_us * US, tp_overlap=n.tp_overlap, cp_overlap=n.cp_overlap,
         cuda_context_bytes=m.cuda_context_gib * GiB, fragmentation=m.fragmentation,

@@ -15,7 +15,7 @@ from dataclasses import dataclass, field
 
 from autopar.choices import DEFAULT_MEMORY_MARGIN  # noqa: F401 (the one margin; re-exported for its users)
 from autopar.cost import comm, fsdp, memory
-from autopar.cost.compute import memory_bound_time_s
+from autopar.cost.compute import gemm_peak_flops, memory_bound_time_s
 from autopar.cost.layer import BF16_BYTES, LayerCost, Spans, Split, expert_blind, layer_cost
 from autopar.frameworks import framework_profile
 from autopar import caching
@@ -159,9 +159,8 @@ def setup(graph: ModelGraph, cluster: Cluster, plan: ParallelPlan, p: CostParams
     bf16 peak, with the framework's attention kernel family on this GPU and the MoE load bound."""
     p = for_framework(p, plan.framework)
     layout = layout or Layout.of(plan, cluster, graph)
-    fp8 = plan.precision == Precision.FP8
-    bf16_peak = cluster.peak_flops(Precision.BF16 if fp8 else plan.precision)
-    peak = bf16_peak * p.fp8_speedup if fp8 else bf16_peak
+    bf16_peak = cluster.peak_flops(Precision.BF16)
+    peak = gemm_peak_flops(plan.precision, cluster.peak_flops_by_dtype, p)  # fp8 / mxfp8 / nvfp4 gains
     tokens = plan.mbs * plan.seq_len / plan.cp
     load = 1.0
     if graph.spec.moe:
@@ -447,7 +446,7 @@ def stage_activation_bytes(stage: list[Layer], plan: ParallelPlan, tokens: float
     position = 0
     sp = plan.sequence_parallel
     fw = framework_profile(plan.framework, plan.framework_release)
-    fp8 = plan.precision == "fp8" and fw.fp8_one_byte_saved_inputs
+    fp8 = plan.precision != "bf16" and fw.fp8_one_byte_saved_inputs  # mxfp8 / nvfp4 saved at fp8's byte too
     sized: dict[tuple, tuple[float, float]] = {}
     for i, layer in enumerate(stage):
         mode = RecomputeMode.NONE

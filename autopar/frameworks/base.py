@@ -78,6 +78,8 @@ class FrameworkSpec:
     offers_ep: bool = True
     offers_interleaving: bool = True  # vpp > 1
     offers_fp8: bool = True
+    # Block-scaled precisions beyond fp8 (choices.Precision) the framework has a recipe for: mxfp8, nvfp4
+    block_scaled_precisions: tuple[str, ...] = ()
     even_layer_split: bool = False  # pipeline stages must hold equal layer counts
     max_zero_with_pp: int | None = None  # highest ZeRO stage allowed together with pp > 1
     default_torch_compile: bool | None = None  # None: not a choice of this framework (refused when set)

@@ -63,6 +63,9 @@ PRE_CORE = replace(PROFILE, version="Megatron-LM of 2021-22, before Megatron-Cor
 
 SPEC = FrameworkSpec(
     name="megatron", title="Megatron-LM (Megatron-Core)",
+    # --fp8-recipe mxfp8 and --fp4-format e2m1 --fp4-recipe nvfp4 (megatron/training/arguments.py,
+    # core_r0.14.0 and later: Transformer Engine 2.x MXFP8BlockScaling / NVFP4BlockScaling)
+    block_scaled_precisions=("mxfp8", "nvfp4"),
     zero_stages=(0, 1, 2, 3), default_zero=1,
     zero_sharded=((0, ()), (1, ("optimizer",)), (2, ("optimizer", "gradients")),
                   (3, ("optimizer", "gradients", "weights"))),

@@ -43,6 +43,7 @@ class ComputeEfficiency(BaseModel):
     kernel_overhead_us: Real = Field(..., ge=0, description="Fixed launch/tail cost per kernel, microseconds.")
     layer_launch_floor_us: Real = Field(0.0, ge=0, description="CPU time to issue one layer's forward kernels; a layer pass never runs faster (launch-bound regime).")
     fp8_speedup: Real = Field(1.0, gt=0, description="Achieved fp8 over bf16 GEMM speed-up (not the 2x peak ratio).")
+    fp4_speedup: Real | None = Field(None, gt=0, description="Achieved fp4 (nvfp4, mxfp4) over bf16 GEMM speed-up; null = fp8_speedup times the GPU's fp4/fp8 peak ratio (autopar.cost.compute.gemm_peak_flops).")
 
 
 class NetworkEfficiency(BaseModel):
@@ -79,6 +80,7 @@ class AttentionKernelRate(BaseModel):
 OVERRIDE_RANGES = {
     "gemm_max": ("compute", 0.0, 1.0), "hbm_efficiency": ("compute", 0.0, 1.0),
     "kernel_overhead_us": ("compute", 0.0, 1e6), "fp8_speedup": ("compute", 1.0, 4.0),
+    "fp4_speedup": ("compute", 1.0, 8.0),
     "layer_launch_floor_us": ("compute", 0.0, 1e6), "intra_node": ("network", 0.0, 1.0),
     "inter_node": ("network", 0.0, 1.0), "collective_overhead_us": ("network", 0.0, 1e6),
     "tp_overlap": ("network", 0.0, 1.0), "cp_overlap": ("network", 0.0, 1.0),

@@ -28,7 +28,7 @@ class Context(NamedTuple):
     num_heads: int
     num_kv_heads: int
     num_experts: int = 0
-    gpus_per_node: int | None = None
+    gpus_per_node: int | None = None  # GPUs of the scale-up domain the job fills (NVLink / xGMI), not the host
 
 
 @dataclass(frozen=True, slots=True)
@@ -127,6 +127,11 @@ RULES: tuple[Rule, ...] = (
          lambda c, p: p.zero_shard_size is None or (p.zero_shard_size <= _dp(c, p)
                                                     and _dp(c, p) % p.zero_shard_size == 0),
          lambda c, p: f"zero shard size {p.zero_shard_size} must divide dp {_dp(c, p)}; pick a divisor of {_dp(c, p)}"),
+    Rule("precision the framework offers", ("precision", "framework"),
+         lambda c, p: str(p.precision) in ("bf16", "fp8") or str(p.precision) in framework_spec(p.framework).block_scaled_precisions,
+         lambda c, p: f"{p.framework} has no {p.precision} training recipe (it offers "
+                      f"{', '.join(('bf16', 'fp8') + framework_spec(p.framework).block_scaled_precisions)}); use one of "
+                      "those, or megatron for mxfp8 and nvfp4"),
     Rule("axes the framework offers", ("cp", "ep", "vpp", "framework"), lambda c, p: not _missing_axes(p),
          lambda c, p: f"{p.framework}'s engine has no {' or '.join(w for _, w in _missing_axes(p))}; use megatron "
                       f"or set {', '.join(a for a, _ in _missing_axes(p))} to 1"),
@@ -153,7 +158,7 @@ RULES: tuple[Rule, ...] = (
          lambda c, p: f"torch_compile is torchtitan's --compile.enable; {p.framework} runs {_kernels(p.framework)} "
                       "whatever it says, so leave torch_compile unset (drop --torch-compile / --no-torch-compile)"),
     Rule("compiled async TP and fp8", ("torch_compile", "tp_comm_overlap", "precision", "framework"),
-         lambda c, p: not (p.torch_compile is False and (p.tp_comm_overlap or p.precision == "fp8")),
+         lambda c, p: not (p.torch_compile is False and (p.tp_comm_overlap or p.precision != "bf16")),
          lambda c, p: f"{p.framework}'s async TP and float8 linears are priced compiled only (async TP is a compile "
                       "pass; float8's casts are fused by it); turn torch_compile on (drop --no-torch-compile) or drop "
                       "tp_comm_overlap and fp8"),
@@ -162,9 +167,10 @@ RULES: tuple[Rule, ...] = (
          lambda c, p: f"{p.framework} has no release profile {p.framework_release!r} (it has "
                       f"{', '.join(framework_spec(p.framework).release_names) or 'none'}); leave framework_release "
                       "unset"),
-    Rule("tp within a node", ("tp",), lambda c, p: not (c.gpus_per_node and p.tp > c.gpus_per_node),
-         lambda c, p: f"tp {p.tp} exceeds the {c.gpus_per_node} GPUs of a node; tensor parallelism must stay in a "
-                      "node"),
+    Rule("tp within the scale-up domain", ("tp",), lambda c, p: not (c.gpus_per_node and p.tp > c.gpus_per_node),
+         lambda c, p: f"tp {p.tp} exceeds the {c.gpus_per_node} GPUs of the scale-up domain (the GPUs sharing NVLink "
+                      "or Infinity Fabric that the job fills); tensor parallelism must stay inside it: use a tp of at "
+                      f"most {c.gpus_per_node}"),
 )
 
 

@@ -83,7 +83,9 @@ def space_spec_for(graph, cluster, seq_len: int, global_batch: int, *, framework
     if problems:
         raise InvalidPlanError("; ".join(problems))
     s = graph.spec
-    return SpaceSpec(num_gpus=cluster.num_gpus, gpus_per_node=cluster.gpus_per_node, num_layers=s.num_layers,
+    # gpus_per_node: the scale-up domain the job fills (Cluster.scale_up_gpus), which bounds tp (the rule
+    # "tp within the scale-up domain"); the host for a plain node
+    return SpaceSpec(num_gpus=cluster.num_gpus, gpus_per_node=cluster.scale_up_gpus, num_layers=s.num_layers,
                      num_heads=s.num_attention_heads, num_kv_heads=s.kv_heads,
                      num_experts=s.moe.num_experts if s.moe else 0, seq_len=seq_len, global_batch=global_batch,
                      framework=Framework(framework), precision=Precision(precision), fix=normalize_fix(fix or {}), max_tp=max_tp,
