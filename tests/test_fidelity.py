@@ -347,12 +347,17 @@ def test_leave_one_source_out_json_has_exactly_the_contract_keys():
                                       "--iters", "2", "--json"])
     assert result.exit_code == 0, result.output
     d = json.loads(result.output)
-    assert set(d) == {"median_ape", "p90_ape", "sources", "regimes", "memory", "fit_rate"}
+    assert set(d) == {"median_ape", "p90_ape", "sources", "regimes", "memory", "fit_rate", "band_coverage",
+                      "rank_accuracy"}
     assert d["sources"] == [{"source": "torchtitan-2412", "runs": 10, "median_ape": d["sources"][0]["median_ape"]}]
     assert {r["regime"] for r in d["regimes"]} == {"dense<=8k", "long-context>=32k", "fsdp-zero3", "fp8"}
-    assert all(set(r) == {"regime", "runs", "median_ape"} for r in d["regimes"])
-    assert set(d["memory"]) == {"runs", "median_ape"} and d["memory"]["runs"] == 10
+    # A regime holding primary-regime runs carries its nested band coverage and how many sources it rests on.
+    assert all({"regime", "runs", "median_ape"} <= set(r) <= {"regime", "runs", "median_ape", "band_coverage",
+                                                           "band_sources"} for r in d["regimes"])
+    assert set(d["memory"]) == {"runs", "median_ape", "worst_ape"} and d["memory"]["runs"] == 10
     assert 0 <= d["median_ape"] <= d["p90_ape"] and d["fit_rate"] == 1.0
+    assert set(d["rank_accuracy"]) == {"pairs", "correct_share", "sources", "ratio_error_median"}
+    assert d["rank_accuracy"]["pairs"] == 6  # torchtitan's 8- and 128-GPU FSDP triples: 3 + 3 pairs
 
 
 def test_weighted_percentile_counts_each_source_once():

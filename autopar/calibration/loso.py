@@ -24,10 +24,14 @@ from __future__ import annotations
 import json
 import math
 from datetime import date
+from pathlib import Path
 from statistics import median
 from typing import Any
 
 from autopar.calibration.fit import LOSO_FREE_FOR_GPU, builtin_fit_runs, fit, fittable, without_frameworks
+from autopar.calibration.trust import (
+    BAND_COVERAGE_TARGET, MIN_BAND_SOURCES, Residual, Scored, calibrate_bands, rank_accuracy,
+)
 from autopar.cost.params import load_cost_model, params_from_file
 from autopar.data import data_dir
 from autopar.validate.bands import BANDS_FILE
@@ -108,45 +112,77 @@ def summarize_loso(preds: list[Prediction]) -> dict[str, Any]:
         if inside:
             regimes.append({"regime": regime, "runs": len(inside), "median_ape": median(inside)})
     mem = [100 * abs(pr.memory_error) for pr in preds if pr.memory_error is not None]
+    trust = calibrate_bands(residuals(preds), REGIMES)
+    for row in regimes:
+        band = trust["bands"].get(row["regime"])
+        if band is not None:  # the regime's own band (its primary-regime runs), nested coverage
+            row.update(band_coverage=band["band_coverage"], band_sources=band["sources"])
     return {
         "median_ape": _weighted_percentile(apes, weights, 0.5),
         "p90_ape": _weighted_percentile(apes, weights, 0.9),
         "sources": sources,
         "regimes": regimes,
-        "memory": {"runs": len(mem), "median_ape": median(mem) if mem else None},
+        "memory": {"runs": len(mem), "median_ape": median(mem) if mem else None,
+                   "worst_ape": max(mem) if mem else None},
         "fit_rate": sum(pr.fits for pr in preds) / len(preds),
+        "band_coverage": trust["band_coverage"],
+        "rank_accuracy": rank_accuracy(scored(preds)),
     }
 
 
-def residuals_by_regime(preds: list[Prediction]) -> dict[str, list[float]]:
-    """Signed residuals predicted/measured − 1 of each run, under its primary regime."""
+def residuals(preds: list[Prediction]) -> list[Residual]:
+    """Each withheld run's source, primary regime and signed residual predicted/measured − 1."""
     from autopar.validate.regimes import primary_regime
 
-    out: dict[str, list[float]] = {}
+    out = []
     for pr in preds:
         r = pr.run
-        key = primary_regime(bool(r.arch.get("moe")), r.seq_len, pr.plan.zero, pr.plan.precision)
-        out.setdefault(key, []).append(pr.error)
+        regime = primary_regime(bool(r.arch.get("moe")), r.seq_len, pr.plan.zero, pr.plan.precision)
+        out.append(Residual(r.source, regime, pr.error))
     return out
 
 
-def _percentile(values: list[float], q: float) -> float:
-    ordered = sorted(values)
-    return ordered[min(len(ordered) - 1, max(0, math.ceil(q * len(ordered)) - 1))]
+def scored(preds: list[Prediction]) -> list[Scored]:
+    """Each withheld run as ranking needs it: its group (model, cluster, GPUs, batch, sequence) and
+    the settings it states (layout, precision, framework options)."""
+    out = []
+    for pr in preds:
+        r, a = pr.run, pr.run.arch
+        model = (a.get("num_layers"), a.get("hidden_size"), a.get("ffn_hidden_size"), a.get("num_attention_heads"),
+                 a.get("num_kv_heads"), a.get("vocab_size"), repr(a.get("moe")), repr(a.get("model")))
+        setting = (r.tp, r.pp, r.dp, r.cp, r.ep, r.etp, r.vpp, r.micro_batch, r.recompute, r.zero_stage, r.precision,
+                   r.sequence_parallel, r.framework, r.framework_release, r.compiled)
+        out.append(Scored(r.source, (model, r.cluster, r.num_gpus, r.global_batch, r.seq_len), setting,
+                          pr.predicted_tokens_per_s_per_gpu, r.measured_tokens_per_s_per_gpu))
+    return out
 
 
 def compute_bands(iters: int = 40) -> tuple[dict, dict]:
     """Run the leave-one-source-out validation once: (bands file content, its --json summary)."""
     preds = loso_predictions(iters=iters)
-    by_regime = residuals_by_regime(preds)
-    bands = {regime: {"p10": _percentile(r, 0.1), "p90": _percentile(r, 0.9), "runs": len(r)}
-             for regime, r in sorted(by_regime.items()) if regime in REGIMES}
+    trust = calibrate_bands(residuals(preds), REGIMES)
+    summary = summarize_loso(preds)
     content = {"provenance": {"command": f"python -m autopar.calibration.loso --iters {iters}",
                               "date": date.today().isoformat(),
-                              "method": "10th and 90th percentile of the signed leave-one-source-out residuals "
-                                        "(predicted/measured - 1) of the runs whose primary regime it is"},
-               "bands": bands}
-    return content, summarize_loso(preds)
+                              "method": "autopar.calibration.trust: per regime, the narrowest source-weighted residual "
+                                        "interval (quantiles, then widened about 0) whose nested leave-one-source-out "
+                                        f"coverage reaches {BAND_COVERAGE_TARGET:.0%} of runs and of sources; "
+                                        f"regimes on fewer than {MIN_BAND_SOURCES} sources hold the overall band too",
+                              "band_coverage": trust["band_coverage"]},
+               "overall": trust["overall"], "bands": trust["bands"]}
+    return content, summary
+
+
+def equivalence_band_content(summary: dict) -> dict:
+    """equivalence_band.json's fields from a leave-one-source-out summary: the source-weighted median
+    error of predicted ratios between measured plans of one source."""
+    rank = summary["rank_accuracy"]
+    band = round(rank["ratio_error_median"], 3)
+    return {"relative_band": band,
+            "source": (f"autopar validate --leave-one-source-out: source-weighted median |error| of the predicted "
+                       f"ratio between two measured plans of one source (model, cluster, GPUs and batch equal), "
+                       f"{rank['pairs']:,} pairs of {len(rank['sources'])} sources, each predicted by a refit "
+                       f"without its source = {100 * band:.1f} % ({date.today().isoformat()})")}
 
 
 if __name__ == "__main__":
@@ -158,3 +194,9 @@ if __name__ == "__main__":
     out.write_text(json.dumps(content, indent=2) + "\n", encoding="utf-8")
     print(json.dumps(summary, indent=2))
     print(f"wrote {out}")
+    eq_path = Path(__file__).resolve().parent.parent / "search" / "equivalence_band.json"
+    eq = json.loads(eq_path.read_text(encoding="utf-8"))
+    eq.update(equivalence_band_content(summary))
+    eq.pop("replace_with", None)
+    eq_path.write_text(json.dumps(eq, indent=2, ensure_ascii=False) + "\n", encoding="utf-8")
+    print(f"wrote {eq_path}: relative_band {eq['relative_band']}")

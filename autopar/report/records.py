@@ -9,17 +9,18 @@ from typing import Any
 
 from autopar.cost.step import Estimate
 from autopar.schema.plan import ParallelPlan
-from autopar.validate.bands import estimate_band
+from autopar.validate.bands import estimate_band, estimate_band_sources
 
 
 def estimate_to_dict(e: Estimate, plan: ParallelPlan) -> dict[str, Any]:
     """The stable JSON shape of the estimate of `plan`. `fits` means peak_memory_bytes ≤
     usable_memory_bytes = memory_capacity_bytes · (1 − memory_margin); tokens_per_s_per_gpu_low/high
-    are the error band of the plan's regime (autopar.validate.bands)."""
+    are the error band of the plan's regime (autopar.validate.bands), resting on band_sources sources."""
     low, high = estimate_band(plan, e)
     return {
         "step_time_s": e.step_time_s, "tokens_per_s": e.tokens_per_s, "tokens_per_s_per_gpu": e.tokens_per_s_per_gpu,
         "tokens_per_s_per_gpu_low": low, "tokens_per_s_per_gpu_high": high,
+        "band_sources": estimate_band_sources(plan, e),
         "model_tflops_per_gpu": e.model_tflops_per_gpu, "hardware_tflops_per_gpu": e.hardware_tflops_per_gpu,
         "mfu": e.mfu, "peak_memory_bytes": e.peak_memory_bytes, "memory_capacity_bytes": e.memory_capacity_bytes,
         "usable_memory_bytes": e.usable_memory_bytes, "memory_margin": e.memory_margin,
