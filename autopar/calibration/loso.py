@@ -116,7 +116,7 @@ def summarize_loso(preds: list[Prediction]) -> dict[str, Any]:
     for row in regimes:
         band = trust["bands"].get(row["regime"])
         if band is not None:  # the regime's own band (its primary-regime runs), nested coverage
-            row.update(band_coverage=band["band_coverage"], band_sources=band["sources"])
+            row.update(band_coverage=_or_none(band["band_coverage"]), band_sources=band["sources"])
     return {
         "median_ape": _weighted_percentile(apes, weights, 0.5),
         "p90_ape": _weighted_percentile(apes, weights, 0.9),
@@ -125,9 +125,14 @@ def summarize_loso(preds: list[Prediction]) -> dict[str, Any]:
         "memory": {"runs": len(mem), "median_ape": median(mem) if mem else None,
                    "worst_ape": max(mem) if mem else None},
         "fit_rate": sum(pr.fits for pr in preds) / len(preds),
-        "band_coverage": trust["band_coverage"],
+        "band_coverage": _or_none(trust["band_coverage"]),
         "rank_accuracy": rank_accuracy(scored(preds)),
     }
+
+
+def _or_none(x: float) -> float | None:
+    """None for a coverage that cannot be measured (one source alone has no others to build from)."""
+    return None if math.isnan(x) else x
 
 
 def residuals(preds: list[Prediction]) -> list[Residual]:

@@ -117,6 +117,8 @@ def _nested_hits(rs: Sequence[Residual], regime: str | None, q: float, widen: fl
     hits = []
     for source in sorted({r.source for r in inside}):
         others = [r for r in rs if r.source != source]
+        if not others:  # a lone source: nothing to build its band from, so no coverage to report
+            continue
         if regime is None:
             band = interval(others, q, widen) if others else (0.0, 0.0)
         else:

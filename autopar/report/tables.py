@@ -11,6 +11,65 @@ from rich.table import Table
 from autopar.units import GiB
 
 
+def _whole(table: Table) -> Table:
+    """Every column of `table` folds rather than cuts ("…"), and right-aligned (number) columns never
+    wrap: a number and its unit stay on one line."""
+    for column in table.columns:
+        column.overflow = "fold"
+        if column.justify == "right":
+            column.no_wrap = True
+    return table
+
+
+def fits_width(console: Console, table: Table) -> bool:
+    """Whether `table` prints at the console's width with every word and number whole (its
+    minimum width: the longest word of each wrapping column, the widest cell of every other)."""
+    _whole(table)
+    options = console.options.update_width(1 << 16)  # unclamped: Rich clamps a measure to the width
+    needed = table._extra_width  # borders and the edge padding
+    for column in table.columns:
+        m = table._measure_column(console, options, column)  # cells and header, padding included
+        needed += m.maximum if column.no_wrap else m.minimum
+    return needed <= console.width
+
+
+def split_columns(console: Console, table: Table, keys: int = 1) -> list[Table]:
+    """`table`'s columns in groups that each fit the console's width, the first `keys` columns
+    (what names a row) repeated in every group; the title on the first, "(continued)" after."""
+    head, rest = table.columns[:keys], table.columns[keys:]
+    groups: list[list] = []
+    for column in rest:
+        if groups and fits_width(console, _part(table, head + groups[-1] + [column], "")):
+            groups[-1].append(column)
+        else:
+            groups.append([column])
+    return [_part(table, head + g, table.title if i == 0 else "(continued)" if table.title else "")
+            for i, g in enumerate(groups or [[]])]
+
+
+def _part(table: Table, columns: list, title) -> Table:
+    t = Table(title=title or None, show_header=table.show_header)
+    for c in columns:
+        t.add_column(c.header, justify=c.justify, no_wrap=c.no_wrap, overflow=c.overflow, style=c.style,
+                     header_style=c.header_style)
+    cells = [list(c.cells) for c in columns]
+    for i, row in enumerate(table.rows):
+        t.add_row(*(col[i] for col in cells), style=row.style, end_section=row.end_section)
+    return _whole(t)
+
+
+def print_table(console: Console, table: Table, narrow: Table | None = None, keys: int = 1) -> None:
+    """Print `table` whole at the console's width (COLUMNS, also when piped): as it is when it fits,
+    else `narrow` (the same figures in fewer columns, rows stacked) when it fits, else the columns
+    of the narrowest split into tables that each fit, with the first `keys` columns in each."""
+    for t in (table, narrow):
+        if t is not None and fits_width(console, t):
+            console.print(t)
+            return
+    for part in split_columns(console, narrow if narrow is not None else table, keys):
+        console.print(part)
+
+
 def human_count(n: float) -> str:
     for unit, scale in (("T", 1e12), ("B", 1e9), ("M", 1e6), ("K", 1e3)):
         if abs(n) >= scale:
@@ -61,12 +120,12 @@ def print_inspect(console: Console, info: dict[str, Any]) -> None:
         f = r["forward_flops_per_token"]
         t.add_row(r["name"], str(r["count"]), human_count(r["params"]), human_count(r["active_params"]),
                   f"{f['matmul']:.4g}", f"{f['attention']:.4g}", f"{r['activation_bytes_per_token']:,.0f}")
-    console.print(t)
+    print_table(console, t)
     z = Table(title=f"Model states per GPU ({info['framework']} bytes, dp {info['dp']}, no tp/pp split)")
     for stage in info["model_state_bytes_per_gpu_by_zero"]:
         z.add_column(f"ZeRO {stage}", justify="right")
     z.add_row(*(gib(v) for v in info["model_state_bytes_per_gpu_by_zero"].values()))
-    console.print(z)
+    print_table(console, z)
 
 
 def _fp8_casts_note(plan) -> str:
@@ -103,7 +162,7 @@ def print_estimate(console: Console, plan, est) -> None:
     t.add_column("share", justify="right")
     for k, v in est.time_breakdown_s.items():
         t.add_row(k.replace("_", " "), f"{v:.3f}", f"{v / est.step_time_s:.1%}")
-    console.print(t)
+    print_table(console, t)
     s = Table(title="Pipeline ranks")
     for col in ("rank", "layers", "fwd/mb", "bwd/mb", "memory", "weights", "grads", "optimizer", "activations"):
         s.add_column(col, justify="right")
@@ -112,7 +171,7 @@ def print_estimate(console: Console, plan, est) -> None:
         s.add_row(str(row.rank), "+".join(map(str, row.layers)), seconds(row.fwd_s), seconds(row.bwd_s),
                   gib(row.memory_bytes), gib(b["weights"]), gib(b["gradients"]), gib(b["optimizer"]),
                   gib(b["activations"]))
-    console.print(s)
+    print_table(console, s)
     for note in est.notes:
         console.print(f"[dim]{note}[/]")
 
@@ -128,20 +187,50 @@ def _summary_row(t: Table, name: str, s: dict[str, float]) -> None:
               f"{s.get('fits', 0)}/{s['count']}")
 
 
+def _error_cell(err: float) -> str:
+    style = "red" if abs(err) > 0.25 else ("yellow" if abs(err) > 0.1 else "")
+    return f"[{style}]{err:+.1%}[/]" if style else f"{err:+.1%}"
+
+
+def _chosen_label(c: dict) -> str:
+    return f"mbs{c['mbs']} v{c['vpp']} {c['recompute']}" + (" tpo" if c["tp_comm_overlap"] else "")
+
+
+def validate_rows_table(result: dict[str, Any], narrow: bool = False) -> Table:
+    """Predicted vs measured per run; narrow: the run's source, GPUs and plan stacked under its id,
+    measured over predicted."""
+    t = Table(title=f"Predicted vs measured tokens/s/GPU ({result['split']} runs)")
+    cols = (("run", "measured\npredicted", "error") if narrow else
+            ("run", "source", "gpus", "layout", "chosen", "measured", "predicted", "error"))
+    for col in cols:
+        t.add_column(col, justify="left" if col in ("run", "source", "layout", "chosen") else "right")
+    for r in result["rows"]:
+        measured, predicted = (f"{r['measured_tokens_per_s_per_gpu']:,.1f}",
+                               f"{r['predicted_tokens_per_s_per_gpu']:,.1f}")
+        if narrow:
+            t.add_row(f"{r['run_id']}\n{r['source']} · {r['gpus']} GPUs\n{r['layout']} {_chosen_label(r['chosen'])}",
+                      f"{measured}\n{predicted}", _error_cell(r["error"]), end_section=True)
+        else:
+            t.add_row(r["run_id"], r["source"], str(r["gpus"]), r["layout"], _chosen_label(r["chosen"]),
+                      measured, predicted, _error_cell(r["error"]))
+    return t
+
+
+def _memory_rows_table(mem: dict[str, Any], narrow: bool = False) -> Table:
+    m = Table(title="Peak memory, runs that measured it (predicted for the chosen plan)")
+    cols = ("run", "GiB measured\npredicted", "error") if narrow else ("run", "measured GiB", "predicted GiB", "error")
+    for col in cols:
+        m.add_column(col, justify="left" if col == "run" else "right")
+    for r in mem["rows"]:
+        gibs = (f"{r['measured_gib']:.1f}\n{r['predicted_gib']:.1f}",) if narrow else \
+            (f"{r['measured_gib']:.1f}", f"{r['predicted_gib']:.1f}")
+        m.add_row(r["run_id"], *gibs, f"{r['error']:+.1%}", end_section=narrow)
+    return m
+
+
 def print_validate(console: Console, result: dict[str, Any], rows: bool = True) -> None:
     if rows:
-        t = Table(title=f"Predicted vs measured tokens/s/GPU ({result['split']} runs)")
-        for col in ("run", "source", "gpus", "layout", "chosen", "measured", "predicted", "error"):
-            t.add_column(col, justify="right" if col in ("gpus", "measured", "predicted", "error") else "left")
-        for r in result["rows"]:
-            c = r["chosen"]
-            chosen = f"mbs{c['mbs']} v{c['vpp']} {c['recompute']}" + (" tpo" if c["tp_comm_overlap"] else "")
-            err = r["error"]
-            style = "red" if abs(err) > 0.25 else ("yellow" if abs(err) > 0.1 else "")
-            t.add_row(r["run_id"], r["source"], str(r["gpus"]), r["layout"], chosen,
-                      f"{r['measured_tokens_per_s_per_gpu']:,.1f}", f"{r['predicted_tokens_per_s_per_gpu']:,.1f}",
-                      f"[{style}]{err:+.1%}[/]" if style else f"{err:+.1%}")
-        console.print(t)
+        print_table(console, validate_rows_table(result), validate_rows_table(result, narrow=True))
     s = Table(title=f"Error of tokens/s/GPU, {result['split']} runs")
     for col in ("group", "runs", "MAPE", "median", "P90", "worst", "fit in memory"):
         s.add_column(col, justify="left" if col == "group" else "right")
@@ -154,47 +243,72 @@ def print_validate(console: Console, result: dict[str, Any], rows: bool = True) 
         _summary_row(s, f"framework {name}", summ)
     for name, summ in result.get("by_regime", {}).items():
         _summary_row(s, f"regime {name}", summ)
-    console.print(s)
+    print_table(console, s)
     mem = result.get("memory")
     if mem and mem["runs"]:
-        m = Table(title="Peak memory, runs that measured it (predicted for the chosen plan)")
-        for col in ("run", "measured GiB", "predicted GiB", "error"):
-            m.add_column(col, justify="left" if col == "run" else "right")
-        for r in mem["rows"]:
-            m.add_row(r["run_id"], f"{r['measured_gib']:.1f}", f"{r['predicted_gib']:.1f}", f"{r['error']:+.1%}")
-        console.print(m)
+        print_table(console, _memory_rows_table(mem), _memory_rows_table(mem, narrow=True))
     console.print(f"[dim]{result['method']}[/]")
 
 
 def print_loso(console: Console, result: dict[str, Any]) -> None:
     """`autopar validate --leave-one-source-out`: each source scored by a fit that never saw it."""
     t = Table(title="Leave-one-source-out error of tokens/s/GPU (each source predicted by a refit without it)")
-    for col in ("group", "runs", "median APE"):
+    for col in ("group", "runs", "median APE", "in band"):
         t.add_column(col, justify="left" if col == "group" else "right")
+    ranked = {row["source"]: row for row in result.get("rank_accuracy", {}).get("sources", [])}
     for row in result["sources"]:
-        t.add_row(f"source {row['source']}", str(row["runs"]), f"{row['median_ape']:.1f}%")
+        t.add_row(f"source {row['source']}", str(row["runs"]), f"{row['median_ape']:.1f}%", "")
     for row in result["regimes"]:
-        t.add_row(f"regime {row['regime']}", str(row["runs"]), f"{row['median_ape']:.1f}%")
+        cov = row.get("band_coverage")
+        t.add_row(f"regime {row['regime']}", str(row["runs"]), f"{row['median_ape']:.1f}%",
+                  "" if "band_sources" not in row else
+                  f"{'n/a' if cov is None else format(cov, '.0%')} ({row['band_sources']} src)")
     mem = result["memory"]
     if mem["runs"]:
-        t.add_row("peak memory", str(mem["runs"]), f"{mem['median_ape']:.1f}%")
-    console.print(t)
+        t.add_row("peak memory", str(mem["runs"]), f"{mem['median_ape']:.1f}%", "")
+    print_table(console, t)
     console.print(f"median APE {result['median_ape']:.1f}%, P90 {result['p90_ape']:.1f}% (each source weighted "
                   f"equally); {result['fit_rate']:.1%} of measured runs predicted to fit")
+    if result.get("band_coverage") is not None:
+        console.print(f"{result['band_coverage']:.0%} of withheld runs inside the band built without their source")
+    rank = result.get("rank_accuracy")
+    if rank and rank["pairs"]:
+        by = ", ".join(f"{s} {r['correct_share']:.0%} of {r['pairs']:,}" for s, r in ranked.items())
+        console.print(f"plan pairs ranked right: {rank['correct_share']:.1%} of {rank['pairs']:,} ({by})")
 
 
 def _plan_row(plan, est) -> list[str]:
     return [plan.layout(), str(est.dp), str(plan.mbs), str(plan.zero), plan.recompute.label(plan.framework),
-            seconds(est.step_time_s), _with_band(plan, est), f"{est.mfu:.1%}",
-            f"{est.peak_memory_bytes / GiB:.1f}/{est.memory_capacity_bytes / GiB:.0f} GiB",
+            seconds(est.step_time_s), _with_band(plan, est), f"{est.mfu:.1%}", _memory(est), _free(est),
             f"{est.bubble_fraction:.1%}", f"{est.exposed_comm_fraction:.1%}"]
 
 
 _PLAN_COLUMNS = ("layout", "dp", "mbs", "zero", "recompute", "step", "tok/s/GPU P10/P90", "MFU", "memory",
-                 "bubble", "exposed comm")
+                 "free", "bubble", "exposed comm")
 
 
-def _with_band(plan, est) -> str:
+def _memory(est) -> str:
+    return f"{est.peak_memory_bytes / GiB:.1f}/{est.memory_capacity_bytes / GiB:.0f} GiB"
+
+
+def _free(est) -> str:
+    """Usable memory left at the predicted peak; "at limit" when the peak is within the memory
+    model's error of the usable memory (autopar.search.rank.at_memory_limit)."""
+    from autopar.search.rank import at_memory_limit, headroom_bytes
+
+    room = f"{headroom_bytes(est) / GiB:.1f} GiB"
+    return f"[yellow]{room} at limit[/]" if est.fits and at_memory_limit(est) else room
+
+
+def _memory_narrow(est) -> str:
+    """Peak/HBM over what is free, stacked (plans_table_narrow)."""
+    from autopar.search.rank import at_memory_limit, headroom_bytes
+
+    free = f"{headroom_bytes(est) / GiB:.1f} GiB free"
+    return f"{_memory(est)}\n" + (f"[yellow]{free}\nat limit[/]" if est.fits and at_memory_limit(est) else free)
+
+
+def _with_band(plan, est, sep: str = " ") -> str:
     """tokens/s/GPU with the leave-one-source-out error band of the plan's regime (P10/P90, relative)."""
     from autopar.validate.bands import estimate_band
 
@@ -202,16 +316,18 @@ def _with_band(plan, est) -> str:
     low, high = estimate_band(plan, est)
     if not high or not tps:
         return f"{tps:,.0f}"
-    return f"{tps:,.0f} {low / tps - 1:+.0%}/{high / tps - 1:+.0%}"
+    return f"{tps:,.0f}{sep}{low / tps - 1:+.0%}/{high / tps - 1:+.0%}"
 
 
-def print_plans(console: Console, result) -> None:
-    """The distinct alternatives (autopar.search.rank): ≈ marks plans equivalent to the fastest
-    within the model's error, listed simplest first; the raw ranking is in `plan --json`."""
-    rows = result.alternatives or [_RawRow(p, e, i == 0) for i, (p, e) in enumerate(result.plans)]
-    band = f"{result.band:.0%}"
-    t = Table(title=f"Best {len(rows)} distinct plans (≈ = equivalent to the fastest within the model's "
-                    f"±{band} error, simplest first; then fastest first)")
+def _plans_title(n: int, band: str) -> str:
+    return (f"Best {n} distinct plans (≈ = equivalent to the fastest within the model's ±{band} error, "
+            "simplest first: room in memory, then fewer virtual stages, no cp, smaller tp, less recompute; "
+            "then fastest first)")
+
+
+def plans_table(rows, band: str) -> Table:
+    """The distinct alternatives, one column per figure."""
+    t = Table(title=_plans_title(len(rows), band))
     t.add_column("#", justify="right")
     t.add_column("≈")
     for col in _PLAN_COLUMNS:
@@ -219,7 +335,30 @@ def print_plans(console: Console, result) -> None:
     for i, row in enumerate(rows, 1):
         t.add_row(str(i), "≈" if row.equivalent_to_best else "", *_plan_row(row.plan, row.estimate),
                   style="bold green" if i == 1 else "")
-    console.print(t)
+    return t
+
+
+def plans_table_narrow(rows, band: str) -> Table:
+    """The same rows for a narrow terminal: the plan's settings stacked in one cell, memory and
+    what is free in another, bubble and exposed communication left to the chosen plan's breakdown."""
+    t = Table(title=_plans_title(len(rows), band))
+    for col in ("#", "plan", "step", "tok/s/GPU", "MFU", "memory"):
+        t.add_column(col, justify="left" if col == "plan" else "right", no_wrap=True)
+    for i, row in enumerate(rows, 1):
+        p, e = row.plan, row.estimate
+        settings = f"{p.layout()}\ndp{e.dp} mbs{p.mbs} zero{p.zero}\n{p.recompute.label(p.framework)}"
+        t.add_row(f"{i}{' ≈' if row.equivalent_to_best else ''}", settings, seconds(e.step_time_s),
+                  _with_band(p, e, "\n"), f"{e.mfu:.1%}", _memory_narrow(e),
+                  style="bold green" if i == 1 else "", end_section=True)
+    return t
+
+
+def print_plans(console: Console, result) -> None:
+    """The distinct alternatives (autopar.search.rank): ≈ marks plans equivalent to the fastest
+    within the model's error, listed simplest first; the raw ranking is in `plan --json`."""
+    rows = result.alternatives or [_RawRow(p, e, i == 0) for i, (p, e) in enumerate(result.plans)]
+    band = f"{result.band:.0%}"
+    print_table(console, plans_table(rows, band), plans_table_narrow(rows, band))
     fastest, fastest_est = result.plans[0]
     if (fastest, fastest_est) != (rows[0].plan, rows[0].estimate):
         console.print(f"fastest found: {fastest.layout()} mbs {fastest.mbs} zero {fastest.zero} recompute "
@@ -228,7 +367,8 @@ def print_plans(console: Console, result) -> None:
                       "ranking).")
     console.print(f"[dim]searched {result.candidates:,} candidates: {result.pruned:,} pruned by bounds, "
                   f"{result.scored:,} scored, {result.feasible:,} fit, {result.refined:,} refined by DP/ILP, "
-                  f"in {result.time_s:.2f} s; fit = peak ≤ {usable_label(result.plans[0][1])}[/]")
+                  f"in {result.time_s:.2f} s; fit = peak ≤ {usable_label(result.plans[0][1])}; free = usable "
+                  f"memory left at the peak, \"at limit\" when within the memory model's error of it[/]")
     for note in getattr(result, "notes", []) or []:
         console.print(f"[yellow]{note}[/]")
     plan, est = rows[0].plan, rows[0].estimate
@@ -263,7 +403,7 @@ def print_compare(console: Console, entries) -> None:
         values = [value(p) for _, p, _ in entries]
         if len(set(values)) > 1:
             t.add_row(f"[yellow]{col}[/]", *values)
-    console.print(t)
+    print_table(console, t)
 
 
 def _elementwise_kernels(plan) -> str:
@@ -315,5 +455,5 @@ def print_runs(console: Console, rows: list, title: str = "Whole run") -> None:
         cost = f"${block['cost_usd']:,.0f}" if block["cost_usd"] is not None else "—"
         t.add_row(str(label), f"{block['days']:,.1f}", f"{block['days_low']:,.1f}–{block['days_high']:,.1f}",
                   f"{block['gpu_hours']:,.0f}", cost, f"{block['goodput']:.1%}", f"{block['interruptions']:,.0f}")
-    console.print(t)
+    print_table(console, t)
 
