@@ -56,11 +56,26 @@ class _Command(FastParams, TyperCommand):
     gives Pydantic's result (autopar.cli_coercion; issue 15: start-up)."""
 
 
+def _print_version() -> None:
+    """`autopar --version`: the installed distribution's version (importlib.metadata)."""
+    from importlib.metadata import PackageNotFoundError, version
+
+    try:
+        text = version("autopar")
+    except PackageNotFoundError:  # run from a checkout that was never installed
+        text = "unknown (not installed; pip install .)"
+    click.echo(f"autopar {text}")
+
+
 class _OneLineErrors(FastParams, TyperGroup):
     """Click/Typer usage errors (a bad option value, a missing or unknown option) as one line on
-    stderr and exit code 2, through the same renderer as autopar's own errors."""
+    stderr and exit code 2, through the same renderer as autopar's own errors. `--version` prints
+    the installed version."""
 
     def main(self, args=None, prog_name=None, complete_var=None, standalone_mode=True, **extra):
+        if list(sys.argv[1:] if args is None else args) == ["--version"]:
+            _print_version()
+            sys.exit(0)
         if not standalone_mode:
             return super().main(args, prog_name, complete_var, standalone_mode=False, **extra)
         try:
@@ -83,6 +98,7 @@ class _OneLineErrors(FastParams, TyperGroup):
 
     def invoke(self, ctx):
         """The command; Ctrl-C is one line and exit code 130 (Typer would exit 130 without a word)."""
+        out._obj = None  # made again for this command: its width reads COLUMNS as it is now
         try:
             return super().invoke(ctx)
         except KeyboardInterrupt:
@@ -99,9 +115,19 @@ class _Typer(typer.Typer):
 
 _APP_SETTINGS: dict[str, Any] = dict(
     cls=_OneLineErrors, add_completion=False, no_args_is_help=True, pretty_exceptions_enable=False,
-    rich_markup_mode=None, help="autopar: plan how to split an LLM over GPUs, before a GPU is touched.")
+    rich_markup_mode=None, help="autopar: plan how to split an LLM over GPUs, before a GPU is touched. "
+                                "`autopar --version` prints the installed version.")
 app = _Typer(**_APP_SETTINGS)
-out: Any = _Lazy("out", _console(width=None if sys.stdout.isatty() else 120))
+def _out_width() -> int | None:
+    """The width tables are laid out for: COLUMNS when set (also when piped), else the terminal's,
+    else 120 (a pipe or file has no width of its own)."""
+    columns = os.environ.get("COLUMNS", "").strip()
+    if columns.isdigit() and int(columns) > 0:
+        return max(int(columns), 40)
+    return None if sys.stdout.isatty() else 120
+
+
+out: Any = _Lazy("out", lambda: _console(width=_out_width())())
 err: Any = _Lazy("err", _console(stderr=True))
 
 
@@ -156,7 +182,7 @@ def _choice(choices: type[Enum] | tuple[str, ...], option: str) -> Callable[[Any
 
 _FW_HELP = "Target framework whose memory layout, limits and launch format apply: megatron, deepspeed or torchtitan."
 FrameworkOpt = Annotated[str, typer.Option("--framework", help=_FW_HELP, callback=_choice(Framework, "--framework"))]
-PrecisionOpt = Annotated[str, typer.Option("--precision", help="bf16 or fp8 (your choice; not searched).", callback=_choice(Precision, "--precision"))]
+PrecisionOpt = Annotated[str, typer.Option("--precision", help="bf16, fp8, mxfp8, nvfp4 or mxfp4 (your choice; not searched); a format the GPU or framework lacks is refused.", callback=_choice(Precision, "--precision"))]
 RecomputeOpt = Annotated[str, typer.Option("--recompute", help="Activation recomputation: none, selective or full.", callback=_choice(RecomputeMode, "--recompute"))]
 FormatOpt = Annotated[str, typer.Option("--format", "-f", help="megatron (launch script), deepspeed (ds_config.json + launcher) or torchtitan (launch command).", callback=_choice(Framework, "--format"))]
 MarginOpt = Annotated[float, typer.Option("--memory-margin", min=0.0, max=0.9, callback=_finite_margin, help=f"Fraction of HBM kept free when judging whether a plan fits; default {DEFAULT_MEMORY_MARGIN:g} (allocator spikes, NCCL growth). plan, estimate, compare, explain and sweep share it.")]
@@ -210,6 +236,24 @@ def _refuse_unused(ctx: typer.Context, names: tuple[str, ...], why: str | tuple[
         one, many = (why, why) if isinstance(why, str) else why
         fail(f"{listed} {one if len(given) == 1 else many}, so {'it' if len(given) == 1 else 'they'} would be "
              f"ignored; drop {listed}" + (f" or {other}" if other else ""))
+
+
+def _merge_fix(fixes: list[str] | None) -> str | None:
+    """Every --fix given, merged into one 'axis=value,...' string: `--fix tp=8 --fix pp=4` pins
+    both, the same pin twice is one; an axis pinned to two values is refused (its syntax is
+    checked later, by the search)."""
+    if not fixes:
+        return None
+    axis_to_value: dict[str, str] = {}
+    for part in (p.strip() for text in fixes for p in text.split(",")):
+        axis, _, value = part.partition("=")
+        axis, value = axis.strip(), value.strip()
+        if axis in axis_to_value and axis_to_value[axis] != value:
+            fail(f"--fix pins {clip(axis)} twice, to {clip(axis_to_value[axis])} and {clip(value)}; "
+                 f"give one --fix {clip(axis)}=VALUE")
+        if part and axis not in axis_to_value:
+            axis_to_value[axis] = value
+    return ",".join(f"{a}={v}" for a, v in axis_to_value.items()) or None
 
 
 def _pins_tp(fix: str | None) -> bool:
@@ -514,15 +558,17 @@ PlotOpt = Annotated[Optional[str], typer.Option("--plot", help="Pipeline timelin
 
 
 def _picture_paths(path: str | None, with_memory: bool = True) -> list[str]:
-    """The files --plot PATH writes (none for '-', another suffix, or without matplotlib)."""
+    """The files --plot PATH writes (none for '-' or another suffix). A picture file without
+    matplotlib is refused up front (exit 2, nothing computed or written), naming the install."""
     from pathlib import Path
 
     if not path or path == "-" or Path(path).suffix.lower() not in (".png", ".svg", ".pdf"):
         return []
     from importlib.util import find_spec
 
-    if find_spec("matplotlib") is None:  # drawn in the terminal instead
-        return []
+    if find_spec("matplotlib") is None:
+        fail(f"--plot {Path(path).name} needs matplotlib, which is not installed; pip install 'autopar[plot]', "
+             "or --plot - to draw in the terminal")
     return [path, _memory_picture_path(path)] if with_memory else [path]
 
 
@@ -559,7 +605,7 @@ def plan(
     seq_len: SeqOpt = None,
     top: Annotated[int, typer.Option("--top", min=1, max=100, help="How many of the best plans to list.")] = 5,
     framework: FrameworkOpt = Framework.MEGATRON.value,
-    fix: Annotated[Optional[str], typer.Option("--fix", help="Pin axes, e.g. 'tp=8,pp=16,mbs=1' (tp pp dp cp ep etp vpp mbs zero sp recompute).")] = None,
+    fixes: Annotated[Optional[list[str]], typer.Option("--fix", help="Pin axes, e.g. 'tp=8,pp=16,mbs=1' (tp pp dp cp ep etp vpp mbs zero sp recompute); repeatable: --fix tp=8 --fix pp=4 pins both.")] = None,
     max_tp: Annotated[Optional[int], typer.Option("--max-tp", min=1, max=MAX_GPUS, help="Largest tensor-parallel degree to consider.")] = None,
     memory_margin: MarginOpt = DEFAULT_MEMORY_MARGIN,
     precision: PrecisionOpt = Precision.BF16.value,
@@ -582,6 +628,7 @@ def plan(
     """Find the fastest plans that fit, by search over tp, pp, vpp, cp, ep, mbs, ZeRO and recompute."""
     from pathlib import Path
 
+    fix = _merge_fix(fixes)
     if _pins_tp(fix):
         _refuse_unused(ctx, ("max_tp",), "limits the tp the search tries, and --fix pins tp")
     if as_json:
@@ -592,6 +639,10 @@ def plan(
                  "add --out DIR for the files, or drop --export")
     if not out_path and not plot:
         _refuse_unused(ctx, ("force",), "overwrites existing outputs, and none is named", "add --out or --plot")
+    if out_path and export_fmt and (out_path.lower().endswith(".json") or Path(out_path).is_file()):
+        fail(f"--out {Path(out_path).name} is a file, not a folder: with --export, --out is the folder for plan.json "
+             f"and the {export_fmt} files; give --out DIR, or write the plan alone with --out {Path(out_path).name} "
+             f"and run `autopar export {Path(out_path).name} --format {export_fmt} --out DIR`")
     plan_json = str(Path(out_path) / "plan.json") if out_path and export_fmt else out_path
     inputs = _inputs(model, cluster, cost_model)
     _check_outputs(([plan_json] if plan_json else []) + _picture_paths(plot), force, inputs)
@@ -717,16 +768,42 @@ def compare(
 
 @app.command()
 def profile(
-    out_path: Annotated[str, typer.Option("--out", "-o", help="Where to write the measured cost-model JSON (e.g. cost_models/h200.json).")],
+    ctx: typer.Context,
+    out_path: Annotated[Optional[str], typer.Option("--out", "-o", help="Where to write the measured cost-model JSON (e.g. cost_models/h200.json); with --distributed, the cluster profile YAML (its cost model is written beside it as NAME.cost.json).")] = None,
     device: Annotated[str, typer.Option("--device", help="cuda (the local GPUs) or cpu (a functional check).", callback=_choice(("cuda", "cpu"), "--device"))] = "cuda",
     model: Annotated[str, typer.Option("--model", help="Model whose layer shapes the GEMM benchmark uses.")] = "llama3-8b",
-    quick: Annotated[bool, typer.Option("--quick", help="Fewer shapes and repeats (about a minute on a CPU).")] = False,
+    quick: Annotated[bool, typer.Option("--quick", help="Fewer shapes and repeats (about a minute on a CPU); with --distributed, messages up to 16 MiB (1 MiB on CPUs).")] = False,
     base: Annotated[Optional[str], typer.Option("--base", help="Cost model whose unmeasured parameters to keep; default: the shipped one for the GPU.")] = None,
+    distributed: Annotated[bool, typer.Option("--distributed", help="Run on every rank under torchrun or srun (`torchrun ... -m autopar profile --distributed --out cluster.yaml`): measure all-reduce, all-gather, reduce-scatter, all-to-all and send/recv inside and across nodes, and have rank 0 write a cluster profile for `plan --cluster`.")] = False,
+    cluster: Annotated[Optional[str], typer.Option("--cluster", "-c", help="With --distributed: the profile whose GPU, NIC count and topology the written profile keeps; default: the shipped one of the GPU found (dgx-h100 on a CPU).")] = None,
+    timeout: Annotated[int, typer.Option("--timeout", min=1, max=86400, help="With --distributed: seconds to wait for a rank or a collective before stopping with a line naming the rank.")] = 300,
+    print_launch: Annotated[Optional[str], typer.Option("--print-launch", help="Print the command that runs the distributed profile: slurm (an sbatch script) or torchrun (the command for every node); runs nothing.", callback=_choice(("slurm", "torchrun"), "--print-launch"))] = None,
+    nodes: Annotated[int, typer.Option("--nodes", min=1, max=MAX_GPUS, help="With --print-launch: nodes to profile.")] = 2,
+    gpus_per_node: Annotated[int, typer.Option("--gpus-per-node", min=1, max=1024, help="With --print-launch: ranks (GPUs) per node.")] = 8,
     force: ForceOpt = False,
     quiet: QuietOpt = False,
     as_json: JsonOpt = False,
 ) -> None:
-    """Measure GEMM, attention, memory bandwidth and collectives here and write a cost-model file."""
+    """Measure GEMM, attention, memory bandwidth and collectives here and write a cost-model file;
+    or (--distributed) the network inside and across nodes, as a cluster profile."""
+    if print_launch:
+        _refuse_unused(ctx, ("device", "model", "base", "distributed", "cluster", "timeout", "force", "quiet", "as_json"),
+                       ("prints a command and runs nothing", "print a command and run nothing"))
+        extra = "--quick" if quick else ""
+        sys.stdout.write(_run(lambda: api.profile_launch_command(print_launch, nodes, gpus_per_node,
+                                                                  out_path or "cluster.yaml", extra)))
+        return
+    _refuse_unused(ctx, ("nodes", "gpus_per_node"), ("applies only with --print-launch", "apply only with --print-launch"),
+                   "add --print-launch slurm|torchrun")
+    if out_path is None:
+        fail("Missing option '--out' / '-o'; see `autopar profile --help`")
+    if distributed:
+        _refuse_unused(ctx, ("device", "model", "base"), tuple(f"{verb} the single-host benchmark, and --distributed "
+                                                               "measures collectives only" for verb in ("sets", "set")))
+        _profile_distributed(out_path, cluster, quick, timeout, force, as_json)
+        return
+    _refuse_unused(ctx, ("cluster", "timeout"), ("applies only with --distributed", "apply only with --distributed"),
+                   "add --distributed")
     _drop_process_env_default("OPENBLAS_NUM_THREADS")  # torch's CPU kernels may use OpenBLAS: all threads
     inputs = _inputs(base)
     _check_outputs([out_path], force, inputs)
@@ -746,6 +823,27 @@ def profile(
         return
     out.print(f"wrote {out_path}: {len(result.gemm_table)} GEMM shapes, "
               f"{len(result.measurements.get('collectives', []))} collective measurements")
+
+
+def _profile_distributed(out_path: str, cluster: str | None, quick: bool, timeout: int, force: bool,
+                         as_json: bool) -> None:
+    """`profile --distributed` on this rank; rank 0 prints what it wrote, the others nothing."""
+    command = "autopar profile " + " ".join(sys.argv[2:])
+    result = _run(lambda: api.profile_distributed(out_path, cluster=cluster, quick=quick, timeout_s=timeout,
+                                                  force=force, inputs=_inputs(cluster), command=command))
+    if result is None:
+        return
+    if as_json:
+        _emit_json({k: result[k] for k in ("out", "cost_model", "nodes", "ranks_per_node", "summary", "rows")})
+        return
+    s = result["summary"]
+
+    def gb(x: float | None) -> str:
+        return "n/a" if x is None else f"{x / 1e9:.3g} GB/s"
+
+    out.print(f"wrote {result['out']} and {result['cost_model']}: {result['nodes']} node(s) x "
+              f"{result['ranks_per_node']} ranks, {len(result['rows'])} measurements; all-reduce bus bandwidth "
+              f"intra-node {gb(s['intra_busbw_bytes_per_s'])}, inter-node {gb(s['inter_busbw_bytes_per_s'])}")
 
 
 def _picture_files(path: str | None, with_memory: bool = True, **what: Any) -> list[tuple[str, bytes]]:
@@ -776,7 +874,7 @@ def _picture_notes(path: str, files: list[tuple[str, bytes]], with_memory: bool 
     for kind, target in zip(kinds, targets):
         note = _run(lambda: save_picture(kind, target, console=out, **what))
         if note:
-            out.print(note)
+            out.print(note, markup=False)  # plain text: Rich would read "[plot]" as markup
 
 
 @app.command()
@@ -836,7 +934,7 @@ def sweep(
     seq_len: Annotated[Optional[str], typer.Option("--seq-len", "-s", help="Sequence lengths, comma-separated, or one value; default: the model's.")] = None,
     framework: FrameworkOpt = Framework.MEGATRON.value,
     precision: PrecisionOpt = Precision.BF16.value,
-    fix: Annotated[Optional[str], typer.Option("--fix", help="Pin axes at every point, e.g. 'tp=8,recompute=full'.")] = None,
+    fixes: Annotated[Optional[list[str]], typer.Option("--fix", help="Pin axes at every point, e.g. 'tp=8,recompute=full'; repeatable: --fix tp=8 --fix pp=4 pins both.")] = None,
     max_tp: Annotated[Optional[int], typer.Option("--max-tp", min=1, max=MAX_GPUS, help="Largest tensor-parallel degree to consider.")] = None,
     memory_margin: MarginOpt = DEFAULT_MEMORY_MARGIN,
     cost_model: CostModelOpt = None,
@@ -855,6 +953,7 @@ def sweep(
     """The best plan at each point of a GPU-count, batch or sequence sweep: where scaling breaks."""
     from autopar.report.sweep import render_sweep
 
+    fix = _merge_fix(fixes)
     if _pins_tp(fix):
         _refuse_unused(ctx, ("max_tp",), "limits the tp the search tries, and --fix pins tp")
     if as_json:

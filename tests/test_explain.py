@@ -64,6 +64,8 @@ def test_neighbours_are_the_expected_moves(tp8pp4):
     assert got == {("tp", 16, 4, 1, 1, "selective"), ("tp", 4, 4, 1, 1, "selective"),
                    ("pp", 8, 8, 1, 1, "selective"),
                    ("pp", 8, 2, 1, 1, "selective"), ("mbs", 8, 4, 2, 1, "selective"),
+                   ("cp", 8, 4, 1, 1, "selective"), ("vpp", 8, 4, 1, 1, "selective"),  # cp 1→2, vpp 1→2
+                   # a dense model: no ep or etp neighbour
                    ("recompute", 8, 4, 1, 1, "none"), ("recompute", 8, 4, 1, 1, "full"),
                    ("zero", 8, 4, 1, 0, "selective"), ("zero", 8, 4, 1, 2, "selective")}  # 2: Megatron-FSDP
 

@@ -12,12 +12,12 @@ The bottleneck rank's row equals the Estimate's time_breakdown_s. The exposed co
 the other ranks is not kept in the Estimate; `rank_comm_s` reprices it with the cost model's own
 per-stage accounting (autopar.cost.step).
 
-Neighbours. From the plan: tp ×2 / ÷2 and pp ×2 / ÷2 (dp absorbs the factor: tp·pp·cp·dp stays
-the GPU count), micro batch ×2 / ÷2, recompute one step less and more on the ladder
+Neighbours. From the plan: tp, pp and cp ×2 / ÷2 (dp absorbs the factor: tp·pp·cp·dp stays
+the GPU count), vpp ×2 / ÷2 (pipelined plans), ep and etp ×2 / ÷2 (MoE models), micro batch ×2 / ÷2, recompute one step less and more on the ladder
 none < selective < full, and the adjacent ZeRO stages the framework offers. Each one is validated
 (autopar.schema.plan.plan_violations) and, if valid, scored by the same `estimate`. Verdicts:
 
-    invalid        the validator's reasons ("tp 16 exceeds the 8 GPUs of a node")
+    invalid        the validator's reasons ("tp 16 exceeds the 8 GPUs of the scale-up domain")
     oom            does not fit: "OOM on stage 0 by 3.1 GiB" (usable = HBM · (1 − memory_margin))
     faster_unfit   faster, but does not fit
     slower         fits, slower: the terms that grew most ("+2.100 s exposed tp communication")
@@ -55,7 +55,7 @@ from autopar.hardware import Cluster
 from autopar.inputs import load_inputs
 from autopar.model.graph import ModelGraph
 from autopar.report.records import estimate_to_dict, plan_to_dict
-from autopar.report.tables import gib, seconds
+from autopar.report.tables import gib, print_table, seconds
 from autopar.frameworks import framework_spec
 from autopar.schema.plan import Framework, ParallelPlan, Recompute, RecomputeMode
 
@@ -107,7 +107,7 @@ class Alternative:
     """One neighbouring plan and why it loses, fails or wins (verdict in VERDICTS)."""
 
     name: str  # e.g. "tp 8→16"
-    axis: str  # tp | pp | mbs | recompute | zero | torch_compile | moe_grouped_gemm
+    axis: str  # tp | pp | cp | vpp | ep | etp | mbs | recompute | zero | torch_compile | moe_grouped_gemm
     plan: ParallelPlan
     verdict: str
     reason: str
@@ -166,7 +166,8 @@ def _alternative_dict(a: Alternative, chosen: Estimate) -> dict[str, Any]:
 
 def _change(a: Alternative) -> dict[str, Any]:
     p = a.plan
-    value = {"tp": p.tp, "pp": p.pp, "mbs": p.mbs, "zero": p.zero, "recompute": p.recompute.label(p.framework),
+    value = {"tp": p.tp, "pp": p.pp, "cp": p.cp, "vpp": p.vpp, "ep": p.ep, "etp": p.expert_tp, "mbs": p.mbs,
+             "zero": p.zero, "recompute": p.recompute.label(p.framework),
              "torch_compile": p.torch_compile, "moe_grouped_gemm": p.moe_grouped_gemm}[a.axis]
     return {a.axis: value}
 
@@ -188,7 +189,8 @@ def explain(model: str, cluster: str, gpus: int, plan: ParallelPlan, cost_model:
         stage_memory=tuple(StageMemory(s.rank, {**dict.fromkeys(MEMORY_TERMS, 0.0), **s.memory_breakdown_bytes},
                                        s.memory_bytes, usable) for s in est.stages),
         alternatives=tuple(judge(graph, c, p, plan, est, name, axis, alt, memory_margin)
-                           for name, axis, alt in neighbours(plan, c.num_gpus, graph.spec.num_layers)),
+                           for name, axis, alt in neighbours(plan, c.num_gpus, graph.spec.num_layers,
+                                                             moe=graph.spec.moe is not None)),
     )
 
 
@@ -225,10 +227,13 @@ def stage_times(est: Estimate, comm_by_rank: list[dict[str, float]]) -> tuple[St
 # --------------------------------------------------------------------------- neighbours
 
 
-def neighbours(plan: ParallelPlan, num_gpus: int, num_layers: int | None = None) -> list[tuple[str, str, ParallelPlan]]:
+def neighbours(plan: ParallelPlan, num_gpus: int, num_layers: int | None = None,
+               moe: bool = False) -> list[tuple[str, str, ParallelPlan]]:
     """(name, axis, plan) of each neighbouring plan, in a fixed order. dp is derived, so a factor
-    moved onto tp or pp comes off dp and back. Doubling pp under interleaving halves vpp when
-    pp·vpp would exceed `num_layers` (the same virtual stages over more ranks)."""
+    moved onto tp, pp or cp comes off dp and back (ep and etp split the experts within the same
+    GPUs: dp stays). Doubling pp under interleaving halves vpp when pp·vpp would exceed
+    `num_layers` (the same virtual stages over more ranks). vpp ×2 / ÷2 where pp > 1; ep and etp
+    ×2 / ÷2 for a MoE model (`moe`)."""
     out = []
     for new_tp in (plan.tp * 2, plan.tp // 2):
         if new_tp >= 1 and new_tp != plan.tp:
@@ -238,6 +243,22 @@ def neighbours(plan: ParallelPlan, num_gpus: int, num_layers: int | None = None)
         if new_pp >= 1 and new_pp != plan.pp:
             alt = _with_pp(plan, new_pp, num_layers)
             out.append((_name("pp", plan.pp, new_pp, plan, alt, num_gpus), "pp", alt))
+    for new_cp in (plan.cp * 2, plan.cp // 2):
+        if new_cp >= 1 and new_cp != plan.cp:
+            alt = _rebuilt(plan, cp=new_cp)
+            out.append((_name("cp", plan.cp, new_cp, plan, alt, num_gpus), "cp", alt))
+    if plan.pp > 1:
+        for new_vpp in (plan.vpp * 2, plan.vpp // 2):
+            if new_vpp >= 1 and new_vpp != plan.vpp:
+                out.append((f"vpp {plan.vpp}→{new_vpp}", "vpp",
+                            plan.model_copy(update={"vpp": new_vpp, "layers_per_stage": None})))
+    if moe:
+        for new_ep in (plan.ep * 2, plan.ep // 2):
+            if new_ep >= 1 and new_ep != plan.ep:
+                out.append((f"ep {plan.ep}→{new_ep}", "ep", plan.model_copy(update={"ep": new_ep})))
+        for new_etp in (plan.expert_tp * 2, plan.expert_tp // 2):
+            if new_etp >= 1 and new_etp != plan.expert_tp:
+                out.append((f"etp {plan.expert_tp}→{new_etp}", "etp", plan.model_copy(update={"etp": new_etp})))
     for new_mbs in (plan.mbs * 2, plan.mbs // 2):
         if new_mbs >= 1 and new_mbs != plan.mbs:
             out.append((f"mbs {plan.mbs}→{new_mbs}", "mbs", plan.model_copy(update={"mbs": new_mbs})))
@@ -261,6 +282,16 @@ def _name(axis: str, old: int, new: int, plan: ParallelPlan, alt: ParallelPlan, 
     if alt.vpp != plan.vpp:
         also.append(f"vpp {plan.vpp}→{alt.vpp}")
     return f"{axis} {old}→{new}" + (f" ({', '.join(also)})" if also else "")
+
+
+def _rebuilt(plan: ParallelPlan, **update: Any) -> ParallelPlan:
+    """`plan` with `update`, built again so that its framework's defaults resolve for the new
+    degrees (the CP exchange at cp 1); model_copy when the validator refuses it (judge reports
+    why)."""
+    try:
+        return ParallelPlan.model_validate({**plan.model_dump(), **update})
+    except ValueError:
+        return plan.model_copy(update=update)
 
 
 def _with_tp(plan: ParallelPlan, tp: int) -> ParallelPlan:
@@ -383,9 +414,9 @@ def render_explanation(console: Console, ex: Explanation) -> None:
     console.print(f"[bold]{_label(ex.plan)}[/] dp{e.dp} · {e.num_microbatches} microbatches · {ex.model} on "
                   f"{ex.gpus} × {ex.cluster}: step {seconds(e.step_time_s)}, {e.tokens_per_s_per_gpu:,.1f} "
                   f"tokens/s/GPU, MFU {e.mfu:.1%}, " + ("[green]fits[/]" if e.fits else "[bold red]does NOT fit[/]"))
-    console.print(stage_time_table(ex))
-    console.print(stage_memory_table(ex))
-    console.print(alternatives_table(ex))
+    print_table(console, stage_time_table(ex))
+    print_table(console, stage_memory_table(ex))
+    print_table(console, alternatives_table(ex), alternatives_table_narrow(ex))
 
 
 def stage_time_table(ex: Explanation) -> Table:
@@ -435,4 +466,19 @@ def alternatives_table(ex: Explanation) -> Table:
         step = seconds(e.step_time_s) if e else "—"
         rel = f"{e.step_time_s / base - 1.0:+.1%}" if e else "—"
         t.add_row(a.name, step, rel, _VERDICT_TEXT[a.verdict], Text(a.reason), style=_VERDICT_STYLE[a.verdict])
+    return t
+
+
+def alternatives_table_narrow(ex: Explanation) -> Table:
+    """The neighbours for a narrow terminal: step, change and verdict stacked in one column."""
+    t = Table(title="Neighbouring plans (★ = would beat the chosen plan)")
+    t.add_column("change")
+    t.add_column("step", justify="right")
+    t.add_column("why")
+    base = ex.estimate.step_time_s
+    for a in ex.alternatives:
+        e = a.estimate
+        step = f"{seconds(e.step_time_s)}\n{e.step_time_s / base - 1.0:+.1%}\n" if e else "—\n"
+        t.add_row(Text(a.name.replace(" (", "\n(")), step + _VERDICT_TEXT[a.verdict], Text(a.reason),
+                  style=_VERDICT_STYLE[a.verdict], end_section=True)
     return t

@@ -29,7 +29,7 @@ from autopar.errors import AutoparError, SchemaError
 from autopar.hardware import load_profile
 from autopar.inputs import load_model
 from autopar.report.records import estimate_to_dict, plan_to_dict
-from autopar.report.tables import seconds, usable_label
+from autopar.report.tables import print_table, seconds, usable_label
 from autopar.schema.plan import Framework, ParallelPlan, Precision, parse_assignments
 
 Progress = Callable[[str, int, int], None]  # ("sweep", points done, points in all)
@@ -205,8 +205,33 @@ def sweep_table(points: Sequence[SweepPoint], bar_width: int = 16) -> Table:
     return t
 
 
+def sweep_table_narrow(points: Sequence[SweepPoint], bar_width: int = 10) -> Table:
+    """The sweep for a narrow terminal: the point and the plan's settings stacked, tokens/s/GPU over
+    its bar (tokens/s is tokens/s/GPU × gpus)."""
+    axis = swept_axis(points)
+    first = points[0] if points else None
+    title = (f"Sweep of {axis.replace('_', ' ')}: {first.model} on {first.cluster}" if first else "Sweep")
+    t = Table(title=title + " (efficiency = tokens/s/GPU ÷ first point's)")
+    for col in ("point", "best plan", "step", "tok/s/GPU", "MFU", "efficiency"):
+        t.add_column(col, justify="left" if col in ("point", "best plan") else "right", no_wrap=True)
+    top = max((p.tokens_per_s_per_gpu for p in points if p.fits), default=0.0)
+    for p, eff in zip(points, scaling_efficiency(points)):
+        head = f"{p.gpus:,} GPUs\ngbs {p.global_batch:,}\nseq {p.seq_len:,}"
+        if not p.fits:
+            t.add_row(head, Text(p.reason.split("; ")[0] if p.reason else "no plan", style="red", overflow="fold"),
+                      "—", "—", "—", "—", end_section=True)
+            continue
+        e, plan = p.estimate, p.plan
+        style = "red" if eff < 0.8 else ("yellow" if eff < 0.95 else "green")
+        t.add_row(head, f"{plan.layout()}\ndp{e.dp} mbs{plan.mbs} zero{plan.zero}\n{plan.recompute.label(plan.framework)}",
+                  seconds(e.step_time_s),
+                  f"{e.tokens_per_s_per_gpu:,.1f}\n[cyan]{bar_glyphs(e.tokens_per_s_per_gpu / top, bar_width)}[/]",
+                  f"{e.mfu:.1%}", f"[{style}]{eff:.1%}[/]", end_section=True)
+    return t
+
+
 def render_sweep(console: Console, points: Sequence[SweepPoint]) -> None:
-    console.print(sweep_table(points))
+    print_table(console, sweep_table(points), sweep_table_narrow(points))
     est = next((p.estimate for p in points if p.estimate is not None), None)
     if est is not None:
         console.print(f"[dim]fit = peak ≤ {usable_label(est)}[/]")

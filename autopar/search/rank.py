@@ -1,8 +1,11 @@
 """The listing a person reads: the search's plans ranked for choosing, not only by time.
 
 1. Equivalent within the model's error: plans whose step time is within `equivalence_band()` of
-   the fastest cannot be told apart by the cost model, so they are ordered by SIMPLICITY (fewer
-   virtual stages, no cp, smaller tp, less recompute; then time) and marked equivalent.
+   the fastest cannot be told apart by the cost model, so they are ordered by SIMPLICITY (room in
+   memory first, then fewer virtual stages, no cp, smaller tp, less recompute; then time) and
+   marked equivalent. "Room in memory": a plan whose peak is within the memory model's error of
+   the usable memory (`tight_memory_fraction()`) is at the limit, a risk nobody would choose when
+   an equivalent plan has room, so it is listed after every equivalent plan that has room.
 2. Distinct alternatives: one row per family (tp, pp, cp, ep, recompute mode); plans that differ
    only in vpp, micro batch or ZeRO are variants of the row above them, not alternatives. So the
    same run listed twice (zero 0 and zero 1 at dp 1, where there is nothing to shard; zero 2 and
@@ -21,7 +24,7 @@ from pathlib import Path
 from autopar.schema.plan import ParallelPlan
 
 _BAND_PATH = Path(__file__).resolve().parent / "equivalence_band.json"
-SIMPLICITY = "fewer virtual stages, no cp, smaller tp, less recompute"
+SIMPLICITY = "room in memory, fewer virtual stages, no cp, smaller tp, less recompute"
 _RECOMPUTE_ORDER = {"none": 0, "selective": 1, "full": 2}
 
 
@@ -31,6 +34,27 @@ def equivalence_band() -> float:
     `relative_band` of equivalence_band.json (its `source` is the validated error it comes from).
     The one place the band is read; per-regime bands replace the number there (issue 12)."""
     return float(json.loads(_BAND_PATH.read_text(encoding="utf-8"))["relative_band"])
+
+
+@lru_cache(maxsize=1)
+def tight_memory_fraction() -> float:
+    """`tight_memory_fraction` of equivalence_band.json: the worst validated error of predicted
+    peak memory (its `tight_memory_source`); a peak this much higher would not fit."""
+    return float(json.loads(_BAND_PATH.read_text(encoding="utf-8"))["tight_memory_fraction"])
+
+
+def headroom_bytes(est) -> float:
+    """Usable memory left free at the plan's predicted peak (negative: over)."""
+    return est.usable_memory_bytes - est.peak_memory_bytes
+
+
+def at_memory_limit(est, fraction: float | None = None) -> bool:
+    """Whether the predicted peak, raised by the memory model's error, exceeds the usable memory.
+    An estimate that does not carry the usable memory is never at the limit."""
+    usable = getattr(est, "usable_memory_bytes", None)
+    if usable is None:
+        return False
+    return est.peak_memory_bytes * (1.0 + (tight_memory_fraction() if fraction is None else fraction)) > usable
 
 
 def family(plan: ParallelPlan) -> tuple:
@@ -58,7 +82,11 @@ def within_band(step_time_s: float, best_s: float, band: float) -> bool:
 
 def distinct_rows(plans: list[tuple], top: int, band: float) -> list[Row]:
     """Up to `top` rows from `plans` (every fitting plan the search found): the equivalent ones
-    first in SIMPLICITY order, the rest fastest first, one row per family."""
+    first in SIMPLICITY order, the rest fastest first, one row per family.
+
+    Each family's row is chosen without regard to memory (its simplest member in the band, as the
+    search prices them, autopar.search.driver._price_equivalents); then the equivalent rows at the
+    memory limit (at_memory_limit) move after the equivalent rows with room, keeping their order."""
     if not plans:
         return []
     kept = list(plans)
@@ -75,4 +103,6 @@ def distinct_rows(plans: list[tuple], top: int, band: float) -> list[Row]:
         rows.append(Row(plan, est, within_band(est.step_time_s, best_s, band)))
         if len(rows) == top:
             break
-    return rows
+    roomy = [r for r in rows if r.equivalent_to_best and not at_memory_limit(r.estimate)]
+    tight = [r for r in rows if r.equivalent_to_best and at_memory_limit(r.estimate)]
+    return roomy + tight + [r for r in rows if not r.equivalent_to_best]
