@@ -37,16 +37,17 @@ def inspect(model: str, seq_len: int | None = None, dp: int = 1, framework: Fram
     per_layer = []
     seen = set()
     for layer in g.layers:
-        key = layer.kind if layer.kind in ("dense", "moe") else layer.name
+        key = layer.cost_key
         if key in seen:
             continue
         seen.add(key)
         acts = layer.activation_bytes_per_token(s)
-        per_layer.append({"kind": layer.kind, "name": key, "count": sum(1 for x in g.layers if
-                                                                        (x.kind if x.kind in ("dense", "moe") else x.name) == key),
+        per_layer.append({"kind": layer.kind, "name": key, "count": sum(1 for x in g.layers if x.cost_key == key),
+                          "mixer": layer.mixer if layer.kind in ("dense", "moe", "mtp") else None,
                           "params": layer.params, "active_params": layer.active_params,
                           "forward_flops_per_token": {"matmul": layer.matmul_flops_per_token,
                                                       "attention": layer.attention_flops_per_token(s),
+                                                      "scan": layer.scan_flops_per_token,
                                                       "elementwise": layer.elementwise_flops_per_token},
                           "activation_bytes_per_token": sum(acts.values()),
                           "activation_bytes_per_token_by_tensor": acts})
@@ -57,11 +58,16 @@ def inspect(model: str, seq_len: int | None = None, dp: int = 1, framework: Fram
     return {
         "model": g.spec.name, "source": g.spec.source, "seq_len": s,
         "total_params": g.total_params, "active_params": g.active_params,
+        "mtp_params_included": g.mtp_params > 0, "mtp_params": g.mtp_params,
+        "mtp_source": g.spec.mtp_source or None,
+        "layer_pattern": g.spec.layer_pattern, "ffn_pattern": g.spec.ffn_pattern,
         "params_by_kind": g.params_by_kind(),
         "flops_per_token": g.model_flops_per_token(s, causal=True),
         "flops_per_token_6n": 6.0 * g.active_params,
         "attention_flops_per_token": 3.0 * sum(x.attention_flops_per_token(s) for x in g.layers),
-        "flops_convention": "training FLOPs per token = 3 × forward (matmuls + causal attention); 6·N counts all active weights",
+        "scan_flops_per_token": 3.0 * sum(x.scan_flops_per_token for x in g.layers),
+        "flops_convention": "training FLOPs per token = 3 × forward (matmuls + causal attention + recurrent "
+                            "mixers' scans); 6·N counts all active weights",
         "model_state_bytes_per_gpu_by_zero": zero, "dp": dp, "framework": framework,
         "layers": per_layer,
     }
@@ -477,3 +483,25 @@ def run_for(model: str, cluster: str, gpus: int, plan: ParallelPlan, est: Estima
                       gpu_arch=gpu_arch(load_cluster(cluster, gpus).gpu_name), opts=opts)
     return {**block, "async_save": opts.async_save}
 
+
+
+# --------------------------------------------------------------------------- your own cluster in the loop
+
+
+def profile_distributed(out: str, *, cluster: str | None = None, quick: bool = False, timeout_s: float = 300,
+                        force: bool = False, inputs: list[str] = (), command: str = "autopar profile --distributed"
+                        ) -> dict[str, Any] | None:
+    """Run on every rank under torchrun or srun: the collectives measured inside and across nodes;
+    rank 0 writes the cluster profile `out` and its cost model beside it and returns what it wrote,
+    the others return None (autopar.distributed_profile)."""
+    from autopar.distributed_profile import profile_distributed as run
+
+    return run(out, cluster=cluster, quick=quick, timeout_s=timeout_s, force=force, inputs=inputs, command=command)
+
+
+def profile_launch_command(launcher: str, nodes: int, gpus_per_node: int, out: str, extra: str = "") -> str:
+    """The torchrun command or Slurm batch script that runs `autopar profile --distributed`."""
+    from autopar.distributed_profile import check_launch_options, launch_command
+
+    check_launch_options(nodes)
+    return launch_command(launcher, nodes, gpus_per_node, out, extra)

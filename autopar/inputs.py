@@ -30,6 +30,8 @@ def resolve_cost_model(cluster: Cluster, cost_model: str | None) -> CostParams:
     """The named (or file) cost model, else the shipped one for the cluster's GPU."""
     if cost_model:
         return load_cost_model(cost_model)[1]
+    if getattr(cluster, "cost_model", None):  # the profile's own (autopar profile --distributed)
+        return load_cost_model(cluster.cost_model)[1]
     return cost_model_for_gpu(cluster.gpu_name)[1]
 
 

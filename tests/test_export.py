@@ -394,7 +394,8 @@ def test_deepspeed_batch_keys_are_consistent(name):
 def test_deepspeed_round_trip(name, tmp_path):
     pf = DS_PLANS[name]()
     files = export(pf, "deepspeed")
-    assert set(files) == {"ds_config.json", "launch_deepspeed.sh", "config.json"}  # config.json: the model
+    assert set(files) == {"ds_config.json", "launch_deepspeed.sh", "config.json",  # config.json: the model
+                          "train_deepspeed.py"}  # the training script (tests/test_export_launch.py runs it)
     path = tmp_path / "ds_config.json"
     path.write_text(files["ds_config.json"])
     for source in (path, json.loads(files["ds_config.json"])):
@@ -420,9 +421,9 @@ def test_deepspeed_launch_command():
     pf = DS_PLANS["pp4 zero1"]()
     cmd = deepspeed_launch_command(pf)
     assert cmd.startswith("deepspeed ") and '--num_nodes "${NNODES:-8}"' in cmd and '"${GPUS_PER_NODE:-8}"' in cmd
-    assert "--deepspeed_config ds_config.json" in cmd
+    assert '--deepspeed_config "$HERE/ds_config.json"' in cmd and '"$HERE/train_deepspeed.py"' in cmd
     script = export(pf, "deepspeed")["launch_deepspeed.sh"]
-    assert cmd in script and "PipelineModule(num_stages=4" in script and 'SEQ_LEN="${SEQ_LEN:-4096}"' in script
+    assert cmd in script and "pipeline of 4 stages" in script and "sequences of 4096 tokens" in script
 
 
 @pytest.mark.parametrize("plan,reason", [
@@ -580,7 +581,7 @@ def test_torchtitan_and_deepspeed_scripts_pass_their_arguments(tmp_path):
     pf = DS_PLANS["pp4 zero1"]()
     argv = run_script(export(pf, "deepspeed")["launch_deepspeed.sh"], "deepspeed", tmp_path / "ds")
     assert flag(argv, "--num_nodes") == "8" and flag(argv, "--num_gpus") == "8"
-    assert argv[-3:] == ["--deepspeed", "--deepspeed_config", "ds_config.json"]
+    assert argv[-11:-8] == ["--deepspeed", "--deepspeed_config", str(tmp_path / "ds" / "ds_config.json")]
 
 
 # ---- Megatron: router, RoPE and Megatron-FSDP rules --------------------------------------------

@@ -14,7 +14,8 @@ from pydantic import ValidationError
 
 from autopar.errors import AutoparError, ExportError
 from autopar.frameworks import REGISTRY, plan_refusals
-from autopar.export.deepspeed import deepspeed_launch_command, export_deepspeed, launch_script
+from autopar.export.deepspeed import (TRAIN_SCRIPT, deepspeed_launch_command, export_deepspeed, launch_script,
+                                      train_script)
 from autopar.export.hf_model import hf_config_from_spec
 from autopar.export.importers import plan_from_deepspeed_config, plan_from_megatron_args
 from autopar.export.megatron import export_megatron, megatron_args
@@ -43,7 +44,8 @@ def deepspeed_files(pf: PlanFile) -> dict[str, str]:
     except ExportError:
         model = None
     files = {"ds_config.json": json.dumps(config, indent=2, sort_keys=True) + "\n",
-             "launch_deepspeed.sh": launch_script(pf, config, has_model_config=model is not None)}
+             "launch_deepspeed.sh": launch_script(pf, config, has_model_config=model is not None),
+             TRAIN_SCRIPT: train_script(pf, pf.parallel.for_framework("deepspeed"))}
     if model is not None:
         files["config.json"] = json.dumps(model, indent=2) + "\n"
     return files

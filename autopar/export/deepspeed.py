@@ -25,7 +25,8 @@ import json
 import shlex
 from typing import Any
 
-from autopar.export.common import cluster_block, header, node_shape, plan_layout, refuse, require_exportable
+from autopar.export.common import (checkpoint_schedule, cluster_block, header, node_shape, plan_layout, refuse,
+                                   require_exportable)
 from autopar.frameworks import plan_refusals
 from autopar.schema.plan import ParallelPlan, RecomputeMode
 from autopar.schema.plan_file import PlanFile
@@ -35,8 +36,18 @@ BUCKET_BYTES = 500_000_000  # DeepSpeed's default reduce/allgather bucket (eleme
 
 def deepspeed_refusals(pf: PlanFile, plan: ParallelPlan) -> list[str]:
     """Every reason the DeepSpeed engine cannot run `plan` (empty = exportable): the framework's own
-    refusals (autopar.frameworks.deepspeed), which the search filters by."""
-    return plan_refusals(pf.target.model_spec, pf.target.gpus, plan)
+    refusals (autopar.frameworks.deepspeed), which the search filters by; and a pipeline of a model
+    the training script cannot cut into PipelineModule layers (it needs a decoder with .layers, .norm
+    and .rotary_emb, as transformers' Llama-family models have)."""
+    out = plan_refusals(pf.target.model_spec, pf.target.gpus, plan)
+    if plan.pp > 1:
+        from autopar.export.hf_model import model_type_of
+
+        kind = model_type_of(pf.target.model_spec)
+        if kind in ("gpt2", "gpt_neox"):
+            out.append(f"pp {plan.pp}: the training script's PipelineModule takes a decoder with rotary embeddings "
+                       f"and a final RMSNorm, which transformers' {kind} model has not; plan pp 1 (--fix pp=1)")
+    return out
 
 
 def _zero_section(pf: PlanFile, plan: ParallelPlan) -> dict[str, Any]:
@@ -67,6 +78,9 @@ def export_deepspeed(pf: PlanFile) -> dict[str, Any]:
         "zero_optimization": _zero_section(pf, plan),
         "wall_clock_breakdown": False,
     }
+    from autopar.model import build_graph
+
+    config |= optimizer_sections(build_graph(pf.target.model_spec).total_params, train_steps(pf)[0])
     if plan.recompute.mode == RecomputeMode.FULL:
         config["activation_checkpointing"] = {
             "partition_activations": False, "cpu_checkpointing": False, "contiguous_memory_optimization": False,
@@ -78,38 +92,99 @@ def export_deepspeed(pf: PlanFile) -> dict[str, Any]:
     return config
 
 
+TRAIN_SCRIPT = "train_deepspeed.py"  # shipped as autopar/export/templates/train_deepspeed.py
+
+
 def deepspeed_launch_command(pf: PlanFile, config_path: str = "ds_config.json") -> str:
-    """One `deepspeed` launcher line; the hostfile, port and training script come from the environment."""
+    """One `deepspeed` launcher line running the exported training script with the files beside
+    it ("$HERE", the script's folder); hostfile, node shape and port come from the environment."""
     per_node, nodes = node_shape(pf)
     return (f'deepspeed --hostfile "${{HOSTFILE:-hostfile}}" --num_nodes "${{NNODES:-{nodes}}}" '
             f'--num_gpus "${{GPUS_PER_NODE:-{per_node}}}" '
             f'--master_addr "${{MASTER_ADDR:-localhost}}" --master_port "${{MASTER_PORT:-29500}}" '
-            f'"${{TRAIN_SCRIPT:-train.py}}" --deepspeed --deepspeed_config {shlex.quote(config_path)}')
+            f'"$HERE/{TRAIN_SCRIPT}" --deepspeed --deepspeed_config "$HERE/{shlex.quote(config_path)}" '
+            '--dataset-path "$DATASET_PATH" --save-dir "$SAVE_DIR" --steps "$TRAIN_STEPS" --lr "$LR"')
 
 
 def launch_script(pf: PlanFile, config: dict[str, Any], config_path: str = "ds_config.json",
                   has_model_config: bool = False) -> str:
-    plan, spec = pf.parallel, pf.target.model_spec
-    where = ("from the config.json beside this script (AutoModelForCausalLM.from_config(AutoConfig.from_pretrained"
-             "(MODEL_DIR)): RoPE, norm epsilon, window and router as the model's config has them)"
-             if has_model_config else "(no Hugging Face model_type describes this model: build it yourself)")
-    model_code = [f"# The training script builds the model {where}",
-                  f"# and calls deepspeed.initialize(config={config_path!r}).",
-                  f"# Sequence length {plan.seq_len} tokens (DeepSpeed's config does not carry it): SEQ_LEN below."]
-    if plan.pp > 1:
-        model_code.append(f"# pp {plan.pp}: wrap the {spec.num_layers} decoder layers in "
-                          f"PipelineModule(num_stages={plan.pp}, partition_method='type:<DecoderLayer>') so every "
-                          f"stage gets {spec.num_layers // plan.pp} layers.")
-    if plan.recompute.mode == RecomputeMode.FULL and plan.recompute.num_layers is not None:
-        model_code.append(f"# Recompute: wrap the first {plan.recompute.num_layers} decoder layers of the model in "
-                          "deepspeed.checkpointing.checkpoint.")
-    body = [header(pf, "deepspeed", "DeepSpeed launch"), "\n".join(model_code),
-            "# ---- Set these ----\n"
-            'HOSTFILE="${HOSTFILE:-hostfile}"                 # <-- SET: one line per node, "host slots=N"\n'
-            'TRAIN_SCRIPT="${TRAIN_SCRIPT:-train.py}"         # <-- SET: your DeepSpeed training script\n'
-            f'export SEQ_LEN="${{SEQ_LEN:-{plan.seq_len}}}"',
+    plan = pf.parallel
+    optimizer, scheduler = config["optimizer"]["params"], config["scheduler"]["params"]
+    model = ("the config.json beside this script (RoPE, norm epsilon, window and router as the model's config has "
+             "them)" if has_model_config else
+             "build_model() in it: no Hugging Face model_type describes this model, so build it yourself there")
+    notes = [f"# {TRAIN_SCRIPT} (beside this script) builds the model from {model},",
+             f"# reads {config_path} beside it and trains sequences of {plan.seq_len} tokens "
+             f"({plan.recompute.label('deepspeed')} recompute{f', pipeline of {plan.pp} stages' if plan.pp > 1 else ''}).",
+             f"# Optimizer and schedule in {config_path}: AdamW (betas {optimizer['betas'][0]}/{optimizer['betas'][1]}, "
+             f"weight decay {optimizer['weight_decay']}), {scheduler['warmup_num_steps']} warmup steps, cosine to "
+             f"{scheduler['cos_min_ratio']:g} of the peak (Llama 2's recipe; LR and steps below override it)."]
+    steps = scheduler["total_num_steps"]
+    settings = "\n".join([
+        "# ---- Set these: data, outputs, hosts, learning rate and length ----",
+        'HERE="$(cd "$(dirname "$0")" && pwd)"',
+        'DATASET_PATH="${DATASET_PATH:-/path/to/tokens.bin}"      # <-- SET: flat file of token ids (see train_deepspeed.py)',
+        'SAVE_DIR="${SAVE_DIR:-$HERE/checkpoints}"                 # <-- SET: checkpoints',
+        'HOSTFILE="${HOSTFILE:-hostfile}"                          # <-- SET: one line per node, "host slots=N"',
+        f'LR="${{LR:-{optimizer["lr"]:g}}}"' + " " * max(1, 50 - len(f'LR="${{LR:-{optimizer["lr"]:g}}}"'))
+        + "# <-- SET: peak learning rate",
+        f'TRAIN_STEPS="${{TRAIN_STEPS:-{steps}}}"' + " " * max(1, 50 - len(f'TRAIN_STEPS="${{TRAIN_STEPS:-{steps}}}"'))
+        + "# <-- SET: training length (the schedule decays over it)",
+    ])
+    body = [header(pf, "deepspeed", "DeepSpeed launch"), "\n".join(notes), settings,
             cluster_block(pf, 29500, per_node=False),
             deepspeed_launch_command(pf, config_path),
-            "# ds_config.json as written beside this script:\n# "
+            f"# {config_path} as written beside this script:\n# "
             + json.dumps(config, sort_keys=True).replace("\n", " ")]
     return "\n\n".join(body) + "\n"
+
+
+# AdamW and the LR schedule of Llama 2 (Touvron et al. 2023, arXiv 2307.09288, sec. 2.2): betas 0.9/0.95,
+# eps 1e-5, weight decay 0.1, clipping 1.0, 2000 warmup steps, cosine decay to 10% of the peak; peak 3e-4
+# for the 7B/13B models and 1.5e-4 for 34B/70B. The user sets the peak and the length (<-- SET).
+ADAM_BETAS = (0.9, 0.95)
+ADAM_EPS = 1e-5
+WEIGHT_DECAY = 0.1
+WARMUP_STEPS = 2000
+MIN_LR_RATIO = 0.1
+LARGE_MODEL_PARAMS = 20e9  # above it the 34B/70B peak
+
+
+def peak_lr(params: int) -> float:
+    """Llama 2's peak learning rate for a model of `params` parameters."""
+    return 1.5e-4 if params > LARGE_MODEL_PARAMS else 3e-4
+
+
+def optimizer_sections(params: int, steps: int) -> dict[str, Any]:
+    """DeepSpeed's "optimizer" (AdamW) and "scheduler" (WarmupCosineLR, linear warmup) sections;
+    the warmup is at most a tenth of the run."""
+    warmup = max(1, min(WARMUP_STEPS, steps // 10))
+    return {"optimizer": {"type": "AdamW", "params": {"lr": peak_lr(params), "betas": list(ADAM_BETAS),
+                                                       "eps": ADAM_EPS, "weight_decay": WEIGHT_DECAY}},
+            "scheduler": {"type": "WarmupCosineLR", "params": {
+                "total_num_steps": steps, "warmup_num_steps": warmup, "warmup_type": "linear",
+                "warmup_min_ratio": 0.0, "cos_min_ratio": MIN_LR_RATIO}}}
+
+
+DEFAULT_TRAIN_STEPS = 10000  # a plan without a whole-run block: the launch file's default length (<-- SET)
+
+
+def train_steps(pf: PlanFile) -> tuple[int, int]:
+    """(training steps: the planned run's or DEFAULT_TRAIN_STEPS, checkpoint interval in steps)."""
+    interval, _, steps = checkpoint_schedule(pf)
+    return steps or DEFAULT_TRAIN_STEPS, interval
+
+
+def train_script(pf: PlanFile, plan: ParallelPlan) -> str:
+    """train_deepspeed.py: the shipped template with its PLAN block set to this plan."""
+    from importlib.resources import files
+
+    template = files("autopar.export").joinpath("templates", TRAIN_SCRIPT).read_text(encoding="utf-8")
+    steps, interval = train_steps(pf)
+    rc = plan.recompute
+    settings = {"seq_len": plan.seq_len, "recompute": str(rc.mode.value if hasattr(rc.mode, "value") else rc.mode),
+                "recompute_layers": rc.num_layers, "pp": plan.pp, "steps": steps, "checkpoint_interval": interval,
+                "vocab_size": pf.target.model_spec.vocab_size}
+    start = template.index("PLAN = {")
+    end = template.index("}", start) + 1
+    return template[:start] + f"PLAN = {settings!r}" + template[end:]

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import difflib
 import json
+import re
 from functools import lru_cache
 from pathlib import Path
 
@@ -70,8 +71,36 @@ def _spec_from_file(path: Path) -> ModelSpec:
 
 
 def _name_of(data: dict, path: Path) -> str:
-    """The config's own name (_name_or_path, else its architecture), never the folder it sits in."""
-    return clip(config_name(data), 200)
+    """The config's own name: its _name_or_path; else the model's name where the path gives one
+    (a Hugging Face cache folder models--ORG--NAME gives ORG/NAME, a checkout folder Qwen2.5-7B or a
+    file qwen2.5-7b.json its own name; never a snapshot hash); else its architecture. Without the
+    path, every Qwen2.5 size would be called Qwen2ForCausalLM."""
+    own = data.get("_name_or_path")
+    if isinstance(own, str) and own.strip():
+        return clip(own.strip(), 200)
+    return clip(_path_name(path) or config_name(data), 200)
+
+
+_HASH_LIKE = re.compile(r"[0-9a-f]{7,64}")  # a git commit or cache snapshot folder
+_NOT_A_NAME = frozenset({"snapshots", "tmp", "temp", "home", "root", "work", "models", "downloads", "configs",
+                         "config", "hf", "checkpoints", "model", "src", "data"})
+
+
+def _path_name(path: Path) -> str | None:
+    """A model name the config's path gives (see _name_of), or None."""
+    try:
+        path = path.resolve()
+    except (OSError, RuntimeError):
+        pass
+    for part in reversed(path.parts):
+        if part.startswith("models--") and part.count("--") >= 2:  # huggingface_hub's cache layout
+            return part[len("models--"):].replace("--", "/", 1)
+    if path.suffix.lower() in (".json", ".yaml", ".yml") and path.stem.lower() != "config":
+        return path.stem or None
+    folder = path.parent.name if path.suffix else path.name
+    if not folder or _HASH_LIKE.fullmatch(folder) or folder.lower() in _NOT_A_NAME:
+        return None
+    return folder
 
 
 def load_spec(name_or_path: str) -> ModelSpec:

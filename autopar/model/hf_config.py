@@ -168,6 +168,7 @@ def _common(cfg: dict, name: str, model_type: str) -> dict:
         ffn_hidden_size=_require(cfg, "intermediate_size", model_type),
         vocab_size=_require(cfg, "vocab_size", model_type),
         seq_length=min(_get(cfg, "max_position_embeddings", default=4096), 8192),
+        max_position_embeddings=_get(cfg, "max_position_embeddings"),  # the context it was trained for, kept
         tie_embeddings=_flag(cfg, "tie_word_embeddings", False),
         norm_epsilon=_number(cfg, "rms_norm_eps", "layer_norm_eps", "layer_norm_epsilon",
                              default=_DEFAULT_NORM_EPS.get(model_type, 1e-6)),
