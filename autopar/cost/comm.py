@@ -156,8 +156,11 @@ def all_to_all_s(send_bytes: float, span: GroupSpan, cluster: Cluster, p: CostPa
     t_intra = _transfer_s(send_bytes * local_peers / n, message, intra_bw, p) if local_peers else 0.0
     t_inter = 0.0
     if remote_peers:
+        # NCCL >= 2.12 PXN: a GPU's data for a remote GPU goes over NVLink to the local GPU on that
+        # rail, which sends what the node's ranks_per_node GPUs hold for it as one network message
+        # (NVIDIA technical blog "Doubling all2all Performance with NCCL 2.12", Feb 2022).
         inter_bw = cluster.inter_node_bytes_per_s_per_gpu * p.inter_node_efficiency
-        t_inter = _transfer_s(send_bytes * remote_peers / n, message, inter_bw, p)
+        t_inter = _transfer_s(send_bytes * remote_peers / n, message * span.ranks_per_node, inter_bw, p)
     alpha = cluster.inter_node_latency_s if remote_peers else cluster.intra_node_latency_s
     return alpha * math.ceil(math.log2(n)) + p.collective_overhead_s + max(t_intra, t_inter)
 

@@ -457,6 +457,12 @@ def _published_arch(row: _Row, source: str) -> dict[str, Any]:
         if arch[key] is None:
             arch[key] = value
             inferred.append(key)
+    if source.startswith("dgxc") and "grok" in model.name.lower() and model.moe and model.moe.get("shared_experts") is None:
+        # Grok-1: "Every layer is MoE (no shared expert)" (the rows' arch_notes; xai-org/grok-1 model.py has
+        # 8 experts, top-2, no shared path). The proxy rows run 2-32 of 64 layers, so their stated 314B total
+        # cannot pick a shared-expert count (autopar.validate.runner._build_graph).
+        arch["moe"] = {**model.moe, "shared_experts": 0}
+        inferred.append("moe.shared_experts")
     arch["inferred"] = tuple(inferred)
     arch["preset"] = _preset_for(family, arch)
     return arch
