@@ -304,13 +304,38 @@ def calibrate_builtin(gpu: str, base: str, command: str, rounds: int = 2, iters:
     return run(gpu, _cost_model_file(base), command, rounds, iters)
 
 
-def calibrate_runs(path: str, base: str, command: str, iters: int = 150
+def calibrate_runs(path: str, base: str | None, command: str, iters: int = 150
                    ) -> tuple[CostModelFile, list[tuple[str, float]]]:
     """`base` fitted on a runs YAML of one's own measured runs, and the leave-one-out error of each
-    run as (run_id, error) pairs (autopar.calibration.fit.calibrate_user)."""
+    run as (run_id, error) pairs (autopar.calibration.fit.calibrate_user). `base` None: the
+    shipped cost model of the runs' GPU; the file is named after it and applies to those GPUs."""
     from autopar.calibration.fit import calibrate_user
 
-    return calibrate_user(path, _cost_model_file(base), command, iters=iters)
+    return calibrate_user(path, _cost_model_file(base) if base else None, command, iters=iters)
+
+
+def uncalibrated_error(path: str, base: str | None) -> float | None:
+    """Mean absolute error of the base cost model, unfitted, on a runs YAML: what a calibration's
+    held-out error must beat (autopar.calibration.fit.uncalibrated_mape)."""
+    from autopar.calibration.fit import uncalibrated_mape
+
+    return uncalibrated_mape(path, _cost_model_file(base) if base else None)
+
+
+def cost_model_gpu_warning(cluster: str, cost_model: str | None) -> str | None:
+    """A line when the cost model given (a name or file) does not list the GPU of `cluster` among
+    its `gpus`: its efficiencies were measured or fitted on another GPU. None when it does, or
+    when no cost model is given (the cluster's own is used)."""
+    if not cost_model:
+        return None
+    from autopar.hardware import load_profile
+
+    f = _cost_model_file(cost_model)
+    gpu = load_profile(cluster).gpu.name
+    if gpu in f.gpus:
+        return None
+    return (f"cost model {f.name} ({cost_model}) is for {', '.join(f.gpus)}, and {cluster} has {gpu}: its "
+            "efficiencies may not hold there; calibrate on runs of this GPU, or drop --cost-model to use its own")
 
 
 def derive_cost_model(base: str, name: str, gpus: list[str], command: str, reason: str = "") -> CostModelFile:

@@ -20,7 +20,7 @@ _HERE = Path(__file__).resolve().parent
 CATALOG_PATH = _HERE / "model_catalog.json"
 # The files every row is computed from; a change to any of them invalidates catalog.json.
 SOURCES = tuple(_HERE / p for p in (
-    "model/presets.py", "model/build.py", "model/graph.py", "schema/model.py", "schema/plain.py"))
+    "model/presets.py", "model/build.py", "model/graph.py", "model/mixers.py", "schema/model.py", "schema/plain.py"))
 
 
 def fingerprint() -> str:

@@ -273,8 +273,9 @@ def _compute(layer: Layer, s: Split, cluster: Cluster, p: CostParams,
     module_s[OP_SAC] = 0.5 * gemm_fwd + ew_fwd
     permute = moe_permute_s(layer, s, cluster, p) + moe_sort_chunks_s(layer, s, cluster, p)
     module_s["moe"] = module_s.get("moe", 0.0) + permute if layer.num_experts else module_s.get("moe", 0.0)
-    fwd = gemm_fwd + attn_fwd + scores_s + ew_fwd + permute
-    bwd = gemm_bwd + attn_bwd + 2.0 * (ew_fwd + scores_s) + permute
+    scan_fwd, scan_bwd = recurrent_scan_s(layer, s, p)
+    fwd = gemm_fwd + attn_fwd + scores_s + ew_fwd + permute + scan_fwd
+    bwd = gemm_bwd + attn_bwd + 2.0 * (ew_fwd + scores_s) + permute + scan_bwd
     if layer.kind in ("dense", "moe", "mtp"):  # launch-bound floor: the GPU waits for the CPU
         fwd, bwd = max(fwd, p.layer_launch_floor_s), max(bwd, 2.0 * p.layer_launch_floor_s)
     return fwd, bwd, module_s
@@ -307,6 +308,34 @@ def _attention_and_elementwise_s(layer: Layer, s: Split, cluster: Cluster, p: Co
     norm_s = ew_fwd * _NORM_SHARE_OF_SP_BYTES * ew_bytes_sp / max(ew_bytes_sp + ew_bytes_tp, 1.0)
     act_s = ew_fwd * ew_bytes_tp / max(ew_bytes_sp + ew_bytes_tp, 1.0)
     return attn_fwd, attn_bwd, scores_s, ew_fwd, norm_s, act_s
+
+
+def recurrent_scan_s(layer: Layer, s: Split, p: CostParams) -> tuple[float, float]:
+    """Forward and backward seconds of a recurrent mixer's conv and chunked scan (Mamba-2's SSD,
+    the delta rule of Gated DeltaNet and KDA: autopar.model.mixers), on the rank's tokens and its
+    tp share of the heads (under Mamba's CP all-to-all a rank holds all tokens of heads/cp: the
+    same FLOPs). The chunked forms are batched matmuls over chunk-sized blocks, priced at the
+    attention kernels' efficiency over the rank's sequence; backward at the attention backward ratio
+    (the kernels recompute the chunk states in backward, as flash attention recomputes its
+    scores). Ignores the chunk-to-chunk recurrence's serial launches."""
+    if not layer.scan_flops_per_token:
+        return 0.0, 0.0
+    flops = layer.scan_flops_per_token * s.tokens / s.tp
+    peak = s.attn_peak_flops or s.peak_flops
+    fwd_rate, bwd_rate = p.attention_rate(s.attention_kernel)
+    fwd = attention_time_s(flops, s.seq_len / s.cp, peak, p, False, fwd_rate)
+    bwd = p.attention_backward_ratio * attention_time_s(flops, s.seq_len / s.cp, peak, p, False, bwd_rate)
+    return fwd, bwd
+
+
+def mamba_cp_all_to_all_s(layer: Layer, s: Split, spans: Spans, cluster: Cluster, p: CostParams) -> float:
+    """Megatron's Mamba context parallelism, one pass (megatron/core/ssm/mamba_context_parallel.py):
+    z, x, B, C and dt all-to-all'd from the sequence split to a head split before the conv and the
+    scan, and y back after it (Layer.cp_a2a_bytes_per_token, tp-split), not overlapped; backward
+    moves the gradients the same way. 0 for any other layer or at cp 1."""
+    if s.cp == 1 or not layer.cp_a2a_bytes_per_token:
+        return 0.0
+    return comm.all_to_all_s(layer.cp_a2a_bytes_per_token * s.tokens / s.tp, spans.cp, cluster, p)
 
 
 def moe_permute_s(layer: Layer, s: Split, cluster: Cluster, p: CostParams) -> float:
@@ -408,6 +437,8 @@ def _tp_blocks(layer: Layer) -> float:
     hit = _ID_TO_TP_BLOCKS.get(id(layer))
     if hit is None or hit[0] is not layer:
         blocks = _TP_BLOCKS[layer.kind] - (1 if layer.kind == "mtp" and layer.num_experts else 0)
+        if layer.tp_blocks:  # a hybrid model's decoder layer: its own mixer and MLP blocks (model.build)
+            blocks = layer.tp_blocks
         if layer.num_experts and any(g.name.startswith("shared_") and g.split in ("col", "row") for g in layer.gemms):
             blocks += 1
         if len(_ID_TO_TP_BLOCKS) > 4096:  # layers of graphs no longer used
@@ -599,7 +630,7 @@ def layer_cost(layer: Layer, s: Split, spans: Spans, cluster: Cluster, p: CostPa
     tp = _tp_comm(layer, s, spans, cluster, p, tp_overlap)
     tp_bwd = _tp_comm_bwd(layer, s, spans, cluster, p, tp_overlap, tp, gemm_memo)
     if s.cp == 1 or not layer.num_heads:
-        cp = cp_bwd = 0.0
+        cp = cp_bwd = mamba_cp_all_to_all_s(layer, s, spans, cluster, p)
     elif s.cp_ring == "torch":
         cp, cp_bwd = torch_ring_comm_s(layer, s, spans, cluster, p, module_s["core_attn"],
                                        module_s["core_attn"] * p.attention_backward_ratio)

@@ -249,7 +249,7 @@ def layout_violations(plan: ParallelPlan, cluster: Cluster, graph: ModelGraph) -
     (autopar.schema.plan.plan_violations); empty = the plan can be laid out."""
     s = graph.spec
     return plan_violations(plan, num_gpus=cluster.num_gpus, num_layers=s.num_layers, num_heads=s.num_attention_heads,
-                           num_kv_heads=s.kv_heads, num_experts=s.moe.num_experts if s.moe else 0,
+                           num_kv_heads=s.kv_heads, num_experts=s.moe.num_experts if s.moe else 0, **s.mixer_counts(),
                            gpus_per_node=cluster.scale_up_gpus) + precision_violations(plan.precision, cluster)
 
 

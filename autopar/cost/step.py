@@ -375,7 +375,7 @@ def layer_costs(stages: list[list[Layer]], st: StepSetup, cluster: Cluster, p: C
 
 
 def _layer_key(layer: Layer) -> str:
-    return layer.kind if layer.kind in ("dense", "moe") else layer.name
+    return layer.cost_key
 
 
 def _recompute_mode(plan: ParallelPlan, position: int) -> str:

@@ -108,7 +108,7 @@ def retarget_problems(pf: PlanFile, target: str) -> list[str]:
     spec = pf.target.model_spec
     out += [*plan_violations(moved, num_gpus=pf.target.gpus, num_layers=spec.num_layers,
                              num_heads=spec.num_attention_heads, num_kv_heads=spec.kv_heads,
-                             num_experts=spec.moe.num_experts if spec.moe else 0),
+                             num_experts=spec.moe.num_experts if spec.moe else 0, **spec.mixer_counts()),
             *plan_refusals(spec, pf.target.gpus, moved)]
     return out or _memory_problems(pf, moved, target)
 

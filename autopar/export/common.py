@@ -22,7 +22,7 @@ def require_exportable(pf: PlanFile, framework: str) -> ParallelPlan:
     spec = pf.target.model_spec
     problems = plan_violations(plan, num_gpus=pf.target.gpus, num_layers=spec.num_layers,
                                num_heads=spec.num_attention_heads, num_kv_heads=spec.kv_heads,
-                               num_experts=spec.moe.num_experts if spec.moe else 0)
+                               num_experts=spec.moe.num_experts if spec.moe else 0, **spec.mixer_counts())
     if problems:
         raise ExportError(f"cannot export this plan to {framework}: " + "; ".join(problems))
     return plan
@@ -129,6 +129,22 @@ def cluster_block(pf: PlanFile, default_port: int, per_node: bool = True) -> str
 
 TORCHRUN = ('torchrun --nproc_per_node "$GPUS_PER_NODE" --nnodes "$NNODES" --node_rank "$NODE_RANK" \\\n'
             '    --master_addr "$MASTER_ADDR" --master_port "$MASTER_PORT"')
+
+
+LARGE_MODEL_PARAMS = 20e9  # above it Llama 2's 34B/70B peak learning rate
+
+
+def model_params(pf: PlanFile) -> int:
+    """Parameters of the plan file's model (autopar.model's graph)."""
+    from autopar.model import build_graph
+
+    return build_graph(pf.target.model_spec).total_params
+
+
+def peak_lr(params: int) -> float:
+    """The peak learning rate a launch file proposes (marked <-- SET): Llama 2's (Touvron et al. 2023,
+    arXiv 2307.09288, sec. 2.2, Table 1), 3e-4 for its 7B/13B models and 1.5e-4 for 34B/70B."""
+    return 1.5e-4 if params > LARGE_MODEL_PARAMS else 3e-4
 
 
 FALLBACK_CHECKPOINT_INTERVAL_STEPS = 1000  # a plan file without a step time: a round number, as before

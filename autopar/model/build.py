@@ -13,12 +13,14 @@ from autopar.model.graph import BYTES_16BIT as B2
 from autopar.model.graph import BYTES_FP32 as B4
 from autopar.model.graph import BYTES_MASK as B1
 from autopar.model.graph import Activation, Gemm, Layer, ModelGraph
+from autopar.model.mixers import Mixer, dsa_indexer, gated_deltanet, kimi_delta_attention, mamba2
 from autopar.schema.model import ModelSpec
 
 # Elementwise FLOPs per element, a stated approximation (they are <1% of a layer's FLOPs):
 NORM_FLOPS_PER_ELEMENT = 5  # mean/variance or RMS, normalize, scale (and shift)
 GELU_FLOPS_PER_ELEMENT = 8  # tanh approximation
 SWIGLU_FLOPS_PER_ELEMENT = 5  # silu (exp, add, div, mul) and the gating multiply
+RELU2_FLOPS_PER_ELEMENT = 2  # max(x, 0) and the square
 SOFTMAX_FLOPS_PER_ELEMENT = 5  # max, sub, exp, sum, div
 # Unfused attention (Megatron before flash attention): the a·s scores of each token are written by
 # the QK^T GEMM, read and written by the fused scale-mask-softmax kernel, read by dropout, which
@@ -43,13 +45,16 @@ def _norm_params(spec: ModelSpec, width: int) -> int:
 
 
 def _attention(spec: ModelSpec) -> tuple[list[Gemm], int, list[Activation], dict]:
-    """Attention block: gemms, replicated non-gemm params, saved tensors, shape facts."""
+    """Attention block: gemms, replicated non-gemm params, saved tensors, shape facts. Qwen3-Next's
+    output gate doubles the q projection (HF models/qwen3_next q_proj: heads · head_dim · 2), gpt-oss's
+    sinks are one learned logit per head (HF models/gpt_oss self_attn.sinks), split with the heads."""
     h, a, kv = spec.hidden_size, spec.num_attention_heads, spec.kv_heads
     acts = [
         Activation("attn_norm_input", "layer_input", "sp", B2 * h),
         Activation("attn_norm_output", "layernorm", "sp", B2 * h),
     ]
     other = _norm_params(spec, h)
+    gate = a * spec.head_size if spec.attention_output_gate and spec.mla is None else 0
     if spec.mla is not None:
         m = spec.mla
         dqk, dv = m.qk_nope_head_dim + m.qk_rope_head_dim, m.v_head_dim
@@ -77,9 +82,11 @@ def _attention(spec: ModelSpec) -> tuple[list[Gemm], int, list[Activation], dict
         d = spec.head_size
         dqk = dv = d
         gemms = [
-            Gemm("qkv", (a + 2 * kv) * d, h, "col", bias=spec.qkv_bias),
+            Gemm("qkv", (a + 2 * kv) * d + gate, h, "col", bias=spec.qkv_bias),
             Gemm("attn_out", h, a * d, "row", bias=spec.attn_out_bias),
         ]
+        if gate:
+            acts.append(Activation("attn_gate", "kept", "tp", B2 * gate))
         if spec.qk_norm:
             other += 2 * d
         acts += [
@@ -110,7 +117,8 @@ def _core_attention_acts(spec: ModelSpec, a: int, dv: int) -> list[Activation]:
 
 def _ffn_gemms(spec: ModelSpec, width: int, prefix: str, split: str, experts: int = 1, tokens: float = 1.0,
                bias: bool = False) -> list[Gemm]:
-    """Up (and gate) plus down projection of one FFN of intermediate size `width`."""
+    """Up (and gate) plus down projection of one FFN of intermediate size `width` (SwiGLU: gate
+    and up; GeLU and Nemotron-H's squared ReLU: up only)."""
     col, row = ("expert_col", "expert_row") if split == "expert" else ("col", "row")
     h = spec.hidden_size
     up_n = 2 * width if spec.activation == "swiglu" else width
@@ -130,7 +138,8 @@ def _ffn_acts(spec: ModelSpec, width: int, prefix: str, up_module: str, act_modu
 
 
 def _act_flops(spec: ModelSpec, width: int) -> int:
-    return width * (SWIGLU_FLOPS_PER_ELEMENT if spec.activation == "swiglu" else GELU_FLOPS_PER_ELEMENT)
+    per = {"swiglu": SWIGLU_FLOPS_PER_ELEMENT, "gelu": GELU_FLOPS_PER_ELEMENT, "relu2": RELU2_FLOPS_PER_ELEMENT}
+    return width * per[spec.activation]
 
 
 def _eager_act_bytes(spec: ModelSpec, width: int) -> int:
@@ -147,21 +156,80 @@ def _act_bytes(spec: ModelSpec, width: int) -> int:
     return B2 * (up_elems + width)
 
 
-def _decoder_layer(spec: ModelSpec, index: int, moe: bool, kind: str | None = None) -> Layer:
+_MIXER_OF_LETTER = {"A": "attention", "N": "attention", "W": "attention", "C": "attention", "M": "mamba2",
+                    "G": "gated_deltanet", "K": "kda", "-": "none"}
+
+
+def _recurrent_mixer(spec: ModelSpec, letter: str) -> Mixer:
+    """The Mamba-2 (M) or linear-attention (G, K) mixer of a layer (autopar.model.mixers)."""
+    if letter == "M":
+        return mamba2(spec.mamba, spec.hidden_size)
+    if letter == "G":
+        return gated_deltanet(spec.linear_attention, spec.hidden_size)
+    return kimi_delta_attention(spec.linear_attention, spec.hidden_size)
+
+
+def _mixer_block(spec: ModelSpec, letter: str) -> dict:
+    """The token-mixer half of a decoder layer (its pre-norm included): attention of the layer
+    pattern's letter (A full, N full without RoPE, W sliding window, C chunked), a recurrent mixer
+    (M, G, K), or nothing (-)."""
     h = spec.hidden_size
-    gemms, other, acts, shape = _attention(spec)
-    other += _norm_params(spec, h)
-    acts += [
-        Activation("mlp_norm_input", "kept", "sp", B2 * h),
-        Activation("mlp_norm_output", "layernorm", "sp", B2 * h),
-    ]
-    ew_tp = 0.0
-    eager_tp = 0.0
-    ew_flops = 2 * NORM_FLOPS_PER_ELEMENT * h + 2 * h  # two norms, two residual adds
-    if moe:
+    out = dict(gemms=[], other=0, other_tp=0, acts=[], ew_flops=0.0, ew_tp=0.0, eager_tp=0.0, attn_coef=0.0,
+               index_coef=0.0, scan=0.0, norms=0, shape=dict(num_heads=0, num_kv_heads=0, head_dim_qk=0, head_dim_v=0),
+               window=None, chunk=None, top_k=None, cp_a2a=0.0)
+    if letter == "-":
+        return out
+    out["norms"] = 1
+    if letter in "ANWC":
+        gemms, other, acts, shape = _attention(spec)
+        a, dqk, dv = shape["num_heads"], shape["head_dim_qk"], shape["head_dim_v"]
+        if spec.attention_sinks:
+            out["other_tp"] += a
+        if spec.indexer is not None:
+            ix_gemms, ix_norm, per_key, ix_acts = dsa_indexer(spec.indexer, h, spec.mla.q_lora_rank or h)
+            gemms += ix_gemms
+            other += ix_norm
+            acts += ix_acts
+            out["index_coef"], out["top_k"] = per_key, spec.indexer.top_k
+        out.update(gemms=gemms, other=other, acts=acts, shape=shape, attn_coef=2.0 * a * (dqk + dv),
+                   window=spec.sliding_window if letter == "W" else None,
+                   chunk=spec.attention_chunk_size if letter == "C" else None)
+        if spec.position_embedding == "rope" and letter != "N":
+            out["ew_tp"] += B2 * 2 * (a + shape["num_kv_heads"]) * dqk  # read+write q and k
+            out["eager_tp"] += EAGER_ROPE_EXTRA_BYTES * (a + shape["num_kv_heads"]) * dqk
+        if spec.qk_norm:
+            out["eager_tp"] += _eager_norm_bytes(spec, (a + shape["num_kv_heads"]) * dqk)
+        return out
+    mixer = _recurrent_mixer(spec, letter)
+    acts = [Activation("mixer_norm_input", "layer_input", "sp", B2 * h),
+            Activation("mixer_norm_output", "layernorm", "sp", B2 * h), *mixer.activations]
+    # Megatron's Mamba CP (mamba_context_parallel.py): z, x, B, C, dt to the head split and y back
+    cp_a2a = (mixer.gemms[0].n + mixer.gemms[-1].k) * B2 if letter == "M" else 0.0
+    out.update(gemms=list(mixer.gemms), other=_norm_params(spec, h) + mixer.params_replicated,
+               other_tp=mixer.params_tp, acts=acts, ew_flops=mixer.elementwise_flops_per_token,
+               ew_tp=mixer.elementwise_bytes_per_token_tp, scan=mixer.scan_flops_per_token, cp_a2a=cp_a2a)
+    return out
+
+
+def _ffn_block(spec: ModelSpec, letter: str, first: bool) -> dict:
+    """The feed-forward half of a decoder layer (its pre-norm included): a dense MLP (D), routed
+    experts with their router and shared experts (E), or nothing (-). `first`: no mixer before
+    it, so its norm input is the layer input (what full recompute keeps)."""
+    h = spec.hidden_size
+    out = dict(gemms=[], other=0, acts=[], ew_flops=0.0, ew_tp=0.0, eager_tp=0.0, norms=0, moe=False)
+    if letter == "-":
+        return out
+    gemms: list[Gemm] = []
+    acts = [Activation("mlp_norm_input", "layer_input" if first else "kept", "sp", B2 * h),
+            Activation("mlp_norm_output", "layernorm", "sp", B2 * h)]
+    ew_tp = eager_tp = 0.0
+    ew_flops = 0.0
+    other = _norm_params(spec, h)
+    if letter == "E":
         e = spec.moe
-        gemms.append(Gemm("router", e.num_experts, h, "none"))
-        gemms += _ffn_gemms(spec, e.expert_ffn_hidden_size, "expert", "expert", e.num_experts, e.top_k)
+        gemms.append(Gemm("router", e.num_experts, h, "none", bias=e.router_bias))
+        gemms += _ffn_gemms(spec, e.expert_ffn_hidden_size, "expert", "expert", e.num_experts, e.top_k,
+                            bias=e.expert_mlp_bias)
         acts += [
             Activation("router_probs", "moe", "sp", B4 * e.num_experts),
             Activation("expert_input", "moe", "sp", B2 * h * e.top_k),
@@ -188,25 +256,43 @@ def _decoder_layer(spec: ModelSpec, index: int, moe: bool, kind: str | None = No
         ew_flops += _act_flops(spec, spec.ffn_hidden_size)
     if spec.dropout:
         acts.append(Activation("mlp_dropout_mask", "kept", "sp", B1 * h))
-    a, dqk, dv = shape["num_heads"], shape["head_dim_qk"], shape["head_dim_v"]
-    # sp-side traffic: 2 norms (read+write 2h each) and 2 residual adds (read 2, write 1).
-    ew_sp = B2 * (2 * 2 * h + 2 * 3 * h)
-    if spec.position_embedding == "rope":
-        ew_tp += B2 * 2 * (a + shape["num_kv_heads"]) * dqk  # read+write q and k
-        eager_tp += EAGER_ROPE_EXTRA_BYTES * (a + shape["num_kv_heads"]) * dqk
-    if spec.qk_norm:
-        eager_tp += _eager_norm_bytes(spec, (a + shape["num_kv_heads"]) * dqk)
-    layer_kind = kind or ("moe" if moe else "dense")
+    out.update(gemms=gemms, other=other, acts=acts, ew_flops=ew_flops, ew_tp=ew_tp, eager_tp=eager_tp, norms=1,
+               moe=letter == "E")
+    return out
+
+
+def _decoder_layer(spec: ModelSpec, index: int, decoder_index: int) -> Layer:
+    """Decoder layer `decoder_index` (MTP modules: past spec.num_layers) at graph position `index`:
+    its mixer block, then its feed-forward block, each pre-norm with a residual add."""
+    h = spec.hidden_size
+    m_letter, f_letter = spec.mixer_of(decoder_index), spec.ffn_of(decoder_index)
+    mix = _mixer_block(spec, m_letter)
+    ffn = _ffn_block(spec, f_letter, first=m_letter == "-")
+    blocks = mix["norms"] + ffn["norms"]
+    # per block: a norm (5 FLOPs an element) and a residual add; sp-side traffic: the norm reads +
+    # writes h, the residual add reads 2h and writes h
+    ew_flops = blocks * (NORM_FLOPS_PER_ELEMENT * h + h) + mix["ew_flops"] + ffn["ew_flops"]
+    ew_sp = B2 * blocks * (2 * h + 3 * h)
+    layer_kind = "moe" if ffn["moe"] else "dense"
+    variant = m_letter + f_letter if spec.is_hybrid else ""
+    # TP blocks: an attention or Mamba/linear mixer, and a dense MLP (an MoE's experts talk over EP)
+    tp_blocks = (m_letter != "-") + (f_letter == "D")
     return Layer(
-        index=index, kind=layer_kind, name=f"{layer_kind}_{index}", gemms=tuple(gemms),
-        other_params_tp=0, other_params_replicated=other, activations=tuple(acts),
-        attn_flops_per_token_per_seq=2.0 * a * (dqk + dv),
-        elementwise_bytes_per_token_per_seq_tp=float(UNFUSED_ATTENTION_BYTES_PER_SCORE * a) if spec.dropout else 0.0,
+        index=index, kind=layer_kind, name=f"{layer_kind}_{index}", gemms=tuple(mix["gemms"] + ffn["gemms"]),
+        other_params_tp=mix["other_tp"], other_params_replicated=mix["other"] + ffn["other"],
+        activations=tuple(mix["acts"] + ffn["acts"]),
+        attn_flops_per_token_per_seq=mix["attn_coef"],
+        elementwise_bytes_per_token_per_seq_tp=(float(UNFUSED_ATTENTION_BYTES_PER_SCORE * mix["shape"]["num_heads"])
+                                                if spec.dropout else 0.0),
         elementwise_flops_per_token=float(ew_flops),
-        elementwise_bytes_per_token_tp=float(ew_tp), elementwise_bytes_per_token_sp=float(ew_sp),
-        eager_bytes_per_token_tp=float(eager_tp), eager_bytes_per_token_sp=float(2 * _eager_norm_bytes(spec, h)),
-        top_k=spec.moe.top_k if moe else 0, num_experts=spec.moe.num_experts if moe else 0,
-        attention_window=spec.sliding_window, **shape,
+        elementwise_bytes_per_token_tp=float(mix["ew_tp"] + ffn["ew_tp"]), elementwise_bytes_per_token_sp=float(ew_sp),
+        eager_bytes_per_token_tp=float(mix["eager_tp"] + ffn["eager_tp"]),
+        eager_bytes_per_token_sp=float(blocks * _eager_norm_bytes(spec, h)),
+        top_k=spec.moe.top_k if ffn["moe"] else 0, num_experts=spec.moe.num_experts if ffn["moe"] else 0,
+        attention_window=mix["window"], attention_chunk=mix["chunk"], attention_top_k=mix["top_k"],
+        mixer=_MIXER_OF_LETTER[m_letter], variant=variant, scan_flops_per_token=mix["scan"],
+        index_flops_per_token_per_seq=mix["index_coef"], tp_blocks=float(tp_blocks) if spec.is_hybrid else 0.0,
+        cp_a2a_bytes_per_token=mix["cp_a2a"], **mix["shape"],
     )
 
 
@@ -246,7 +332,7 @@ def _mtp_layer(spec: ModelSpec, index: int, depth: int) -> Layer:
     """DeepSeek-V3 MTP module: two norms, eh_proj (2h -> h), one decoder layer, a final norm; the
     embedding and output head are shared with the main model (their weights count once)."""
     h = spec.hidden_size
-    inner = _decoder_layer(spec, spec.num_layers + depth, spec.is_moe_layer(spec.num_layers + depth))
+    inner = _decoder_layer(spec, spec.num_layers + depth, spec.num_layers + depth)
     gemms = inner.gemms + (Gemm("eh_proj", h, 2 * h, "col"), Gemm("mtp_output", spec.vocab_size, h, "vocab", tied=True))
     acts = inner.activations + (Activation("mtp_concat", "kept", "sp", B2 * 2 * h),) + tuple(_head_acts(spec))
     return Layer(
@@ -260,7 +346,8 @@ def _mtp_layer(spec: ModelSpec, index: int, depth: int) -> Layer:
         eager_bytes_per_token_sp=inner.eager_bytes_per_token_sp + 3 * _eager_norm_bytes(spec, h),
         num_heads=inner.num_heads, num_kv_heads=inner.num_kv_heads, head_dim_qk=inner.head_dim_qk,
         head_dim_v=inner.head_dim_v, top_k=inner.top_k, num_experts=inner.num_experts,
-        attention_window=inner.attention_window,
+        attention_window=inner.attention_window, attention_top_k=inner.attention_top_k,
+        index_flops_per_token_per_seq=inner.index_flops_per_token_per_seq,
     )
 
 
@@ -268,7 +355,7 @@ def build_graph(spec: ModelSpec) -> ModelGraph:
     """Layers in execution order: embedding, decoders (dense/MoE), MTP modules, head + loss."""
     layers = [_embedding_layer(spec)]
     for i in range(spec.num_layers):
-        layers.append(_decoder_layer(spec, len(layers), spec.is_moe_layer(i)))
+        layers.append(_decoder_layer(spec, len(layers), i))
     for depth in range(spec.mtp_layers):
         layers.append(_mtp_layer(spec, len(layers), depth))
     layers.append(_head_layer(spec, len(layers)))

@@ -83,11 +83,18 @@ class Activation:
     bytes_per_token_per_seq: float = 0.0
 
 
-def attended_keys_per_query(seq_len: int, window: int | None, causal: bool = True) -> float:
+def attended_keys_per_query(seq_len: int, window: int | None, causal: bool = True, chunk: int | None = None) -> float:
     """Mean keys a query attends to, in the continuum limit flash kernels' FLOPs follow: full
     non-causal s; causal s/2 (the lower triangle); a causal sliding window w (Beltagy et al. 2020,
     Longformer; Mistral 7B, Jiang et al. 2023): query i sees min(i, w) keys, mean w − w²/(2s) for
-    w < s. Ignores the diagonal's +1/2 and the kernel's block granularity at the band edge."""
+    w < s; the same for DeepSeek Sparse Attention's top-k keys (query i attends min(i, k)). Chunked
+    attention of chunk c (Llama 4 attention_chunk_size, HF models/llama4: a query sees the earlier
+    keys of its own chunk): s = q·c + r gives (q·c² + r²)/(2s) causal, twice that without the mask.
+    Ignores the diagonal's +1/2 and the kernel's block granularity at the band edge."""
+    if chunk is not None and chunk < seq_len:
+        whole, rest = divmod(seq_len, chunk)
+        mean = (whole * chunk * chunk + rest * rest) / seq_len
+        return mean / 2 if causal else float(mean)
     if window is None or window >= seq_len:
         return seq_len / 2 if causal else float(seq_len)
     if not causal:
@@ -95,15 +102,21 @@ def attended_keys_per_query(seq_len: int, window: int | None, causal: bool = Tru
     return window - window * window / (2 * seq_len)
 
 
-def scored_keys_per_query(seq_len: int, window: int | None) -> int:
+def scored_keys_per_query(seq_len: int, window: int | None, chunk: int | None = None) -> int:
     """Keys per query whose scores an unfused attention saves for backward: the whole row s
-    (Korthikanti et al. 2022's 5·a·s bytes), or the band w of a sliding window kernel."""
-    return seq_len if window is None else min(seq_len, window)
+    (Korthikanti et al. 2022's 5·a·s bytes), or the band w of a sliding window kernel (the chunk
+    c of a chunked one)."""
+    limit = min(x for x in (window, chunk, seq_len) if x is not None)
+    return limit
 
 
 @dataclass(frozen=True, slots=True)
 class Layer:
-    """One node of the layer graph. kind: embedding | dense | moe | mtp | head."""
+    """One node of the layer graph. kind: embedding | dense | moe | mtp | head. A decoder layer's
+    kind names its feed-forward block (moe: routed experts; dense: a dense MLP or none) and `mixer`
+    its token mixer (attention | mamba2 | gated_deltanet | kda | none: autopar.model.mixers);
+    `variant` tells decoder layers of one kind apart when a hybrid model mixes them (its
+    layer_pattern and ffn_pattern letters; "" for a model whose decoder layers are all alike)."""
 
     index: int
     kind: str
@@ -127,6 +140,14 @@ class Layer:
     head_dim_v: int = 0
     top_k: int = 0
     num_experts: int = 0
+    mixer: str = "attention"
+    variant: str = ""
+    scan_flops_per_token: float = 0.0  # a recurrent mixer's conv + chunked scan (autopar.model.mixers)
+    index_flops_per_token_per_seq: float = 0.0  # DSA indexer: FLOPs per earlier key, every key scored
+    attention_chunk: int | None = None  # chunked attention (Llama 4): a query sees its own chunk only
+    attention_top_k: int | None = None  # DSA: keys a query attends to at most
+    tp_blocks: float = 0.0  # TP-parallel blocks of a decoder layer (0: as its kind, autopar.cost.layer)
+    cp_a2a_bytes_per_token: float = 0.0  # Mamba CP: bytes per token all-to-all'd each way (tp-split)
 
     # Derived once at construction (the cost model reads them for every layer of every plan):
     params: int = field(init=False, repr=False, compare=False)  # all weights
@@ -153,23 +174,37 @@ class Layer:
                             ("matmul_flops_per_token", sum(g.flops_per_token for g in self.gemms))):
             object.__setattr__(self, name, value)
 
+    @property
+    def cost_key(self) -> str:
+        """The name the cost model files this layer's cost under: decoder layers that cost alike
+        share it (their kind and variant), every other layer has its own (its name)."""
+        if self.kind in ("dense", "moe"):
+            return f"{self.kind}:{self.variant}" if self.variant else self.kind
+        return self.name
+
     def attended_keys(self, seq_len: int, causal: bool = True) -> float:
         """Mean keys one query attends to in this layer (see attended_keys_per_query)."""
-        return attended_keys_per_query(seq_len, self.attention_window, causal)
+        window = self.attention_window if self.attention_top_k is None else self.attention_top_k
+        return attended_keys_per_query(seq_len, window, causal, self.attention_chunk)
 
     def scored_keys(self, seq_len: int) -> int:
         """Keys per query an unfused kernel materialises scores for (see scored_keys_per_query)."""
-        return scored_keys_per_query(seq_len, self.attention_window)
+        return scored_keys_per_query(seq_len, self.attention_window, self.attention_chunk)
 
     def attention_flops_per_token(self, seq_len: int, causal: bool = True) -> float:
         """QK^T + AV FLOPs per token: the per-key coefficient times the keys a query attends to
-        (causal: the lower triangle only, half; a sliding window: the band)."""
-        return self.attn_flops_per_token_per_seq * self.attended_keys(seq_len, causal)
+        (causal: the lower triangle only, half; a sliding window: the band; a chunk; DSA's top-k),
+        plus a DSA indexer's scores of every earlier key."""
+        core = self.attn_flops_per_token_per_seq * self.attended_keys(seq_len, causal)
+        if self.index_flops_per_token_per_seq:
+            core += self.index_flops_per_token_per_seq * attended_keys_per_query(seq_len, None, causal)
+        return core
 
     def forward_flops_per_token(self, seq_len: int, causal: bool = True) -> float:
         return (
             self.matmul_flops_per_token
             + self.attention_flops_per_token(seq_len, causal)
+            + self.scan_flops_per_token
             + self.elementwise_flops_per_token
         )
 
@@ -209,7 +244,7 @@ class ModelGraph:
         kinds: list[Layer] = []
         index = []
         for layer in self.layers:
-            key = layer.kind if layer.kind in ("dense", "moe") else layer.name
+            key = layer.cost_key
             if key not in kind_to_index:
                 kind_to_index[key] = len(kinds)
                 kinds.append(layer)
@@ -231,7 +266,14 @@ class ModelGraph:
         return 3.0 * sum(layer.forward_flops_per_token(seq_len, causal) for layer in self.layers)
 
     def model_flops_per_token(self, seq_len: int, causal: bool = True) -> float:
-        """6·N_active (matmul weights only, embedding lookups excluded) + attention, as MFU counts it."""
+        """6·N_active (matmul weights only, embedding lookups excluded) + attention + the recurrent
+        mixers' scans, as MFU counts it."""
         matmul = sum(layer.matmul_flops_per_token for layer in self.layers)
-        attn = sum(layer.attention_flops_per_token(seq_len, causal) for layer in self.layers)
+        attn = sum(layer.attention_flops_per_token(seq_len, causal) + layer.scan_flops_per_token
+                   for layer in self.layers)
         return 3.0 * (matmul + attn)
+
+    @cached_property
+    def mtp_params(self) -> int:
+        """Parameters of the MTP modules (counted in total_params; 0 without them)."""
+        return sum(layer.params for layer in self.layers if layer.kind == "mtp")

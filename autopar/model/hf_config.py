@@ -12,7 +12,9 @@ from typing import Any, Callable
 
 from autopar.errors import SchemaError, UnsupportedModelError
 from autopar.limits import clip_repr
-from autopar.schema.model import MLASpec, ModelSpec, MoESpec, RopeScaling
+from autopar.model.mixers import split_hybrid_pattern
+from autopar.schema.model import (IndexerSpec, LinearAttentionSpec, MambaSpec, MLASpec, ModelSpec, MoESpec,
+                                  RopeScaling)
 
 
 def _whole(value: Any, key: str) -> Any:
@@ -275,10 +277,208 @@ def _gpt_neox(cfg: dict, name: str, model_type: str) -> dict:
     return kw
 
 
+def _positive(cfg: dict, key: str, model_type: str, default: int | None = None) -> int:
+    """An interval or step that must be at least 1 (0 would divide by zero or mean nothing)."""
+    value = _get(cfg, key, default=default)
+    if value is None:
+        return _require(cfg, key, model_type)
+    if value < 1:
+        raise SchemaError(f"config.json (model_type {model_type}) '{key}' is {value}; it must be at least 1 "
+                          "(1 = every layer)")
+    return value
+
+
+def _pattern_from_letters(cfg: dict, key: str, model_type: str, num_layers: int, allowed: str) -> str:
+    value = cfg.get(key)
+    if not isinstance(value, str):
+        raise SchemaError(f"config.json (model_type {model_type}) lacks '{key}' as a string; add it")
+    if len(value) != num_layers:
+        raise SchemaError(f"config.json '{key}' has {len(value)} letters but num_hidden_layers is {num_layers}; "
+                          "give one letter per layer")
+    bad = sorted(set(value) - set(allowed))
+    if bad:
+        raise SchemaError(f"config.json '{key}' letter {clip_repr(bad[0])} (layer {value.index(bad[0])}) is not one "
+                          f"of {' '.join(allowed)}; use one of them per layer")
+    return value
+
+
+def _nemotron_h(cfg: dict, name: str, model_type: str) -> dict:
+    """Nemotron-H (HF models/nemotron_h): one block per layer of hybrid_override_pattern, M Mamba-2,
+    * attention (no positional embedding), - squared-ReLU MLP, E MoE; every block pre-norm."""
+    kw = _common(cfg, name, model_type)
+    layers = kw["num_layers"]
+    pattern = _pattern_from_letters(cfg, "hybrid_override_pattern", model_type, layers, "M*-E")
+    layer_pattern, ffn_pattern = split_hybrid_pattern(pattern)
+    kw.update(layer_pattern=layer_pattern, ffn_pattern=ffn_pattern,
+              head_dim=_get(cfg, "attention_head_dim", "head_dim"),
+              activation="relu2" if cfg.get("mlp_hidden_act", "relu2") == "relu2" else "gelu",
+              mlp_bias=_flag(cfg, "mlp_bias", False), qkv_bias=_flag(cfg, "attention_bias", False),
+              attn_out_bias=_flag(cfg, "attention_bias", False))
+    kw["mamba"] = MambaSpec(num_heads=_require(cfg, "mamba_num_heads", model_type),
+                            head_dim=_require(cfg, "mamba_head_dim", model_type),
+                            state_size=_require(cfg, "ssm_state_size", model_type),
+                            num_groups=_require(cfg, "n_groups", model_type),
+                            conv_kernel=_get(cfg, "conv_kernel", default=4), chunk_size=_get(cfg, "chunk_size", default=128),
+                            conv_bias=_flag(cfg, "use_conv_bias", True), proj_bias=_flag(cfg, "use_bias", False))
+    if "E" in pattern:
+        shared = _get(cfg, "n_shared_experts", default=0)
+        kw["moe"] = MoESpec(num_experts=_require_any(cfg, ("n_routed_experts", "num_experts"), model_type),
+                            top_k=_require(cfg, "num_experts_per_tok", model_type),
+                            expert_ffn_hidden_size=_require(cfg, "moe_intermediate_size", model_type),
+                            num_shared_experts=1 if shared else 0,
+                            shared_expert_ffn_hidden_size=_get(cfg, "moe_shared_expert_intermediate_size", default=0)
+                            if shared else 0, score_function="sigmoid", router_fp32=True)
+    return kw
+
+
+def _qwen3_next(cfg: dict, name: str, model_type: str) -> dict:
+    """Qwen3-Next (HF models/qwen3_next): Gated DeltaNet layers with gated full attention on every
+    full_attention_interval-th layer (or as layer_types lists them), 512-expert MoE with a gated
+    shared expert, and the one MTP layer the checkpoint ships (mtp.*, beside num_hidden_layers)."""
+    kw = _llama_like(cfg, name, model_type)
+    layers = kw["num_layers"]
+    types = cfg.get("layer_types")
+    if isinstance(types, list) and len(types) == layers and "linear_attention" in types:
+        full = [t == "full_attention" for t in types]
+    else:
+        interval = _positive(cfg, "full_attention_interval", model_type, default=4)
+        full = [(i + 1) % interval == 0 for i in range(layers)]
+    sparse = _positive(cfg, "decoder_sparse_step", model_type, default=1)
+    dense_only = cfg.get("mlp_only_layers") or []
+    if not isinstance(dense_only, list) or not all(isinstance(i, int) and 0 <= i < layers for i in dense_only):
+        raise SchemaError(f"config.json 'mlp_only_layers' must list layer indices from 0 to {layers - 1}")
+    kw.update(layer_pattern="".join("A" if f else "G" for f in full),
+              ffn_pattern="".join("D" if i in dense_only or (i + 1) % sparse else "E" for i in range(layers)),
+              qk_norm=True, attention_output_gate=True, sliding_window=None,
+              rotary_percent=_number(cfg, "partial_rotary_factor", default=1.0),
+              mtp_layers=_get(cfg, "num_nextn_predict_layers", "mtp_num_hidden_layers", default=1),
+              mtp_source="the checkpoint's mtp.* weights (one layer; vLLM qwen3_next_mtp reads mtp_num_hidden_layers, "
+                         "default 1)")
+    kw["linear_attention"] = LinearAttentionSpec(
+        kind="gated_deltanet", num_key_heads=_require(cfg, "linear_num_key_heads", model_type),
+        num_value_heads=_require(cfg, "linear_num_value_heads", model_type),
+        key_head_dim=_require(cfg, "linear_key_head_dim", model_type),
+        value_head_dim=_require(cfg, "linear_value_head_dim", model_type),
+        conv_kernel=_get(cfg, "linear_conv_kernel_dim", default=4))
+    shared = _get(cfg, "shared_expert_intermediate_size", default=0)
+    kw["moe"] = MoESpec(num_experts=_require_any(cfg, _NUM_EXPERTS, model_type),
+                        top_k=_require(cfg, "num_experts_per_tok", model_type),
+                        expert_ffn_hidden_size=_require(cfg, "moe_intermediate_size", model_type),
+                        num_shared_experts=1 if shared else 0, shared_expert_ffn_hidden_size=shared,
+                        shared_expert_gate=bool(shared), norm_topk_prob=_flag(cfg, "norm_topk_prob", True),
+                        aux_loss_coeff=_number(cfg, "router_aux_loss_coef", default=0.0))
+    return kw
+
+
+def _one_based_layers(cfg: dict, key: str, layers: int) -> list[int]:
+    value = cfg.get(key)
+    if not isinstance(value, list) or not all(isinstance(i, int) and not isinstance(i, bool) and 1 <= i <= layers
+                                              for i in value):
+        raise SchemaError(f"config.json linear_attn_config '{key}' must list layer numbers from 1 to {layers}")
+    return value
+
+
+def _kimi_linear(cfg: dict, name: str, model_type: str) -> dict:
+    """Kimi-Linear (HF models/kimi_linear): Kimi Delta Attention on linear_attn_config's kda_layers,
+    MLA without RoPE (mla_use_nope) on its full_attn_layers (1-based), DeepSeek-style MoE."""
+    kw = _deepseek_v3({**cfg, "n_routed_experts": _require_any(cfg, ("n_routed_experts", *_NUM_EXPERTS), model_type),
+                       "num_experts_per_tok": _require_any(cfg, ("num_experts_per_tok", "num_experts_per_token"),
+                                                           model_type),
+                       "n_shared_experts": _get(cfg, "num_shared_experts", "n_shared_experts", default=0),
+                       "n_group": _get(cfg, "num_expert_group", "n_group"),
+                       "scoring_func": cfg.get("moe_router_activation_func", cfg.get("scoring_func", "sigmoid")),
+                       "norm_topk_prob": _flag(cfg, "moe_renormalize", True)}, name, model_type)
+    la = cfg.get("linear_attn_config")
+    if not isinstance(la, dict):
+        raise SchemaError("config.json (model_type kimi_linear) lacks 'linear_attn_config'; add it")
+    layers = kw["num_layers"]
+    kda, full = _one_based_layers(la, "kda_layers", layers), _one_based_layers(la, "full_attn_layers", layers)
+    if sorted(kda + full) != list(range(1, layers + 1)):
+        raise SchemaError(f"config.json linear_attn_config: kda_layers and full_attn_layers must list each of the "
+                          f"{layers} layers once; fix the lists")
+    nope = _flag(cfg, "mla_use_nope", False)
+    kw["layer_pattern"] = "".join("K" if i + 1 in kda else ("N" if nope else "A") for i in range(layers))
+    heads = _require(la, "num_heads", model_type)
+    dim = _require(la, "head_dim", model_type)
+    kw["linear_attention"] = LinearAttentionSpec(kind="kda", num_key_heads=heads, num_value_heads=heads,
+                                                 key_head_dim=dim, value_head_dim=dim,
+                                                 conv_kernel=_get(la, "short_conv_kernel_size", default=4))
+    return kw
+
+
+def _gpt_oss(cfg: dict, name: str, model_type: str) -> dict:
+    """gpt-oss (HF models/gpt_oss): sliding-window and full attention as layer_types lists them,
+    with attention sinks and biases; 128 experts with biased projections and a biased router."""
+    kw = _common(cfg, name, model_type)
+    layers = kw["num_layers"]
+    types = cfg.get("layer_types")
+    if not isinstance(types, list) or len(types) != layers or \
+            not all(t in ("sliding_attention", "full_attention") for t in types):
+        raise SchemaError(f"config.json (model_type {model_type}) 'layer_types' must list sliding_attention or "
+                          f"full_attention for each of the {layers} layers")
+    window = _get(cfg, "sliding_window") if "sliding_attention" in types else None
+    if "sliding_attention" in types and not window:
+        raise SchemaError("config.json (model_type gpt_oss) lists sliding_attention layers but no 'sliding_window'; add it")
+    bias = _flag(cfg, "attention_bias", True)
+    kw.update(layer_pattern="".join("W" if t == "sliding_attention" else "A" for t in types), sliding_window=window,
+              qkv_bias=bias, attn_out_bias=bias, attention_sinks=True)
+    kw["moe"] = MoESpec(num_experts=_require_any(cfg, _NUM_EXPERTS, model_type),
+                        top_k=_require_any(cfg, ("num_experts_per_tok", "experts_per_token"), model_type),
+                        expert_ffn_hidden_size=kw["ffn_hidden_size"], expert_mlp_bias=True, router_bias=True,
+                        aux_loss_coeff=_number(cfg, "router_aux_loss_coef", default=0.0))
+    return kw
+
+
+def _llama4(cfg: dict, name: str, model_type: str) -> dict:
+    """Llama 4 text model (HF models/llama4 Llama4TextConfig): MoE on every
+    interleave_moe_layer_step-th layer (moe_layers = step-1, 2·step-1, ...) with one shared expert
+    and a sigmoid top-k router; a NoPE layer every no_rope_layer_interval-th, full attention, and
+    chunked attention (attention_chunk_size) on the RoPE layers; dense layers intermediate_size_mlp
+    wide. A Llama4ForConditionalGeneration config is read through its text_config."""
+    text = cfg.get("text_config") if model_type == "llama4" else cfg
+    if not isinstance(text, dict):
+        raise SchemaError("config.json (model_type llama4) lacks 'text_config'; pass the text model's config")
+    kw = _common(text, name, model_type)
+    layers = kw["num_layers"]
+    if isinstance(text.get("moe_layers"), list):
+        moe_layers = set(_one_based_layers({"moe_layers": [i + 1 for i in text["moe_layers"]]}, "moe_layers", layers))
+        moe_layers = {i - 1 for i in moe_layers}
+    else:
+        step = _positive(text, "interleave_moe_layer_step", model_type, default=1)
+        moe_layers = set(range(step - 1, layers, step))
+    rope = text.get("no_rope_layers")
+    if not (isinstance(rope, list) and len(rope) == layers):
+        interval = _positive(text, "no_rope_layer_interval", model_type, default=4)
+        rope = [int((i + 1) % interval != 0) for i in range(layers)]
+    chunk = _get(text, "attention_chunk_size")
+    expert_ffn = _require(text, "intermediate_size", model_type)
+    kw.update(layer_pattern="".join(("C" if chunk else "A") if r else "N" for r in rope),
+              ffn_pattern="".join("E" if i in moe_layers else "D" for i in range(layers)),
+              ffn_hidden_size=_get(text, "intermediate_size_mlp", default=expert_ffn), attention_chunk_size=chunk,
+              qkv_bias=_flag(text, "attention_bias", False), attn_out_bias=_flag(text, "attention_bias", False))
+    kw["moe"] = MoESpec(num_experts=_require_any(text, _NUM_EXPERTS, model_type),
+                        top_k=_require(text, "num_experts_per_tok", model_type), expert_ffn_hidden_size=expert_ffn,
+                        num_shared_experts=1, shared_expert_ffn_hidden_size=expert_ffn, score_function="sigmoid",
+                        norm_topk_prob=False, aux_loss_coeff=_number(text, "router_aux_loss_coef", default=0.0))
+    return kw
+
+
+def _deepseek_v32(cfg: dict, name: str, model_type: str) -> dict:
+    """DeepSeek-V3.2 (HF models/deepseek_v32): DeepSeek-V3 with the DSA lightning indexer on every
+    layer (index_n_heads, index_head_dim, index_topk)."""
+    kw = _deepseek_v3(cfg, name, model_type)
+    kw["indexer"] = IndexerSpec(num_heads=_require(cfg, "index_n_heads", model_type),
+                                head_dim=_require(cfg, "index_head_dim", model_type),
+                                top_k=_require(cfg, "index_topk", model_type))
+    return kw
+
+
 _MODEL_TYPE_TO_BUILDER: dict[str, Callable[[dict, str, str], dict]] = {
     "llama": _llama_like, "mistral": _llama_like, "qwen2": _llama_like, "qwen3": _llama_like,
     "mixtral": _mixtral, "qwen3_moe": _qwen3_moe, "deepseek_v3": _deepseek_v3,
     "gpt2": _gpt2, "gpt_neox": _gpt_neox,
+    "nemotron_h": _nemotron_h, "qwen3_next": _qwen3_next, "kimi_linear": _kimi_linear, "gpt_oss": _gpt_oss,
+    "llama4": _llama4, "llama4_text": _llama4, "kimi_k2": _deepseek_v3, "deepseek_v32": _deepseek_v32,
 }
 
 SUPPORTED_MODEL_TYPES: tuple[str, ...] = tuple(_MODEL_TYPE_TO_BUILDER)

@@ -73,6 +73,8 @@ class MoESpec(BaseModel):
     aux_loss_coeff: Real = Field(0.0, ge=0, le=1e6, description="Load-balancing loss coefficient (router_aux_loss_coef).")
     aux_loss_per_sequence: Flag = Field(False, description="Balance loss per sequence (DeepSeek seq_aux), not per batch.")
     router_fp32: Flag = Field(False, description="Router logits computed in fp32 (DeepSeek-V3's gate).")
+    expert_mlp_bias: Flag = Field(False, description="Biases on every routed expert's projections (gpt-oss).")
+    router_bias: Flag = Field(False, description="A bias on the router's logits (gpt-oss).")
 
     @model_validator(mode="after")
     def _check(self) -> "MoESpec":
@@ -86,6 +88,74 @@ class MoESpec(BaseModel):
             raise ValueError(f"moe.num_groups ({self.num_groups}) must divide num_experts ({self.num_experts}) and "
                              f"be at least group_topk ({self.group_topk})")
         return self
+
+
+class MambaSpec(BaseModel):
+    """Mamba-2 mixer (Dao & Gu 2024, "Transformers are SSMs", arXiv 2405.21060; Megatron-LM
+    megatron/core/ssm/mamba_mixer.py; HF models/nemotron_h): d_inner = num_heads · head_dim."""
+
+    model_config = _FROZEN
+
+    num_heads: Count = Field(..., ge=1, le=MAX_HEADS, description="SSM heads (HF mamba_num_heads).")
+    head_dim: Count = Field(..., ge=1, le=MAX_HIDDEN_SIZE, description="Channels per SSM head (HF mamba_head_dim).")
+    state_size: Count = Field(..., ge=1, le=MAX_HIDDEN_SIZE, description="SSM state size N (HF ssm_state_size).")
+    num_groups: Count = Field(..., ge=1, le=MAX_HEADS, description="B/C groups shared by heads (HF n_groups).")
+    conv_kernel: Count = Field(4, ge=1, le=1024, description="Depthwise causal conv1d width (HF conv_kernel).")
+    chunk_size: Count = Field(128, ge=1, le=MAX_SEQ_LEN, description="SSD chunk length of the chunked scan (HF chunk_size).")
+    conv_bias: Flag = Field(True, description="A bias on the conv1d (HF use_conv_bias).")
+    proj_bias: Flag = Field(False, description="Biases on in_proj and out_proj (HF use_bias).")
+
+    @model_validator(mode="after")
+    def _check(self) -> "MambaSpec":
+        if self.num_heads % self.num_groups:
+            raise ValueError(f"mamba.num_heads ({self.num_heads}) must be a multiple of mamba.num_groups "
+                             f"({self.num_groups}); use a group count that divides the heads")
+        return self
+
+
+class LinearAttentionSpec(BaseModel):
+    """Delta-rule linear attention with a key_head_dim × value_head_dim state per value head:
+    Gated DeltaNet (Yang et al. 2024, arXiv 2412.06464; HF models/qwen3_next) or Kimi Delta
+    Attention (Kimi Linear report, arXiv 2510.26692; HF models/kimi_linear)."""
+
+    model_config = _FROZEN
+
+    kind: Literal["gated_deltanet", "kda"] = Field(..., description="gated_deltanet (Qwen3-Next) or kda (Kimi-Linear).")
+    num_key_heads: Count = Field(..., ge=1, le=MAX_HEADS, description="Query/key heads (HF linear_num_key_heads).")
+    num_value_heads: Count = Field(..., ge=1, le=MAX_HEADS, description="Value heads (HF linear_num_value_heads).")
+    key_head_dim: Count = Field(..., ge=1, le=MAX_HIDDEN_SIZE, description="Query/key head dim d_k.")
+    value_head_dim: Count = Field(..., ge=1, le=MAX_HIDDEN_SIZE, description="Value head dim d_v.")
+    conv_kernel: Count = Field(4, ge=1, le=1024, description="Short causal conv1d width on q, k, v.")
+    chunk_size: Count = Field(64, ge=1, le=MAX_SEQ_LEN, description="Chunk length of the chunked (WY) form "
+                              "(flash-linear-attention chunk_gated_delta_rule / chunk_kda: 64).")
+
+    @model_validator(mode="after")
+    def _check(self) -> "LinearAttentionSpec":
+        if self.num_value_heads % self.num_key_heads:
+            raise ValueError(f"linear_attention.num_value_heads ({self.num_value_heads}) must be a multiple of "
+                             f"num_key_heads ({self.num_key_heads})")
+        if self.kind == "kda" and self.num_value_heads != self.num_key_heads:
+            raise ValueError("linear_attention of kind kda has one head count; set num_value_heads = num_key_heads")
+        return self
+
+
+class IndexerSpec(BaseModel):
+    """DeepSeek Sparse Attention's lightning indexer (DeepSeek-V3.2-Exp report; HF models/deepseek_v32):
+    index heads score every earlier key, and each query attends only its top_k keys."""
+
+    model_config = _FROZEN
+
+    num_heads: Count = Field(..., ge=1, le=MAX_HEADS, description="Indexer heads (index_n_heads).")
+    head_dim: Count = Field(..., ge=1, le=MAX_HIDDEN_SIZE, description="Indexer head dim (index_head_dim).")
+    top_k: Count = Field(..., ge=1, le=MAX_SEQ_LEN, description="Keys each query attends to (index_topk).")
+
+
+# One letter per decoder layer (ModelSpec.layer_pattern): its token mixer.
+MIXER_LETTERS = {"A": "full attention", "N": "full attention without RoPE (NoPE)", "W": "sliding-window attention",
+                 "C": "chunked attention", "M": "Mamba-2", "G": "Gated DeltaNet", "K": "Kimi Delta Attention",
+                 "-": "no mixer"}
+# One letter per decoder layer (ModelSpec.ffn_pattern): its feed-forward block.
+FFN_LETTERS = {"D": "dense MLP", "E": "MoE", "-": "no feed-forward"}
 
 
 class ModelSpec(BaseModel):
@@ -104,7 +174,8 @@ class ModelSpec(BaseModel):
     vocab_size: Count = Field(..., ge=1, le=MAX_VOCAB_SIZE, description="Vocabulary size as stored in the embedding table.")
     seq_length: Count = Field(2048, ge=1, le=MAX_SEQ_LEN, description="Default training sequence length.")
     max_position_embeddings: Count | None = Field(None, ge=1, le=MAX_SEQ_LEN, description="Learned position table size; None = seq_length.")
-    activation: Literal["gelu", "swiglu"] = Field("swiglu", description="FFN activation: GeLU (2 matrices) or SwiGLU (3).")
+    activation: Literal["gelu", "swiglu", "relu2"] = Field("swiglu", description="FFN activation: GeLU (2 matrices), "
+                                                            "SwiGLU (3) or squared ReLU (2, Nemotron-H relu2).")
     normalization: Literal["layernorm", "rmsnorm"] = Field("rmsnorm", description="LayerNorm has a bias, RMSNorm not.")
     position_embedding: Literal["learned", "rope"] = Field("rope", description="Learned absolute table or rotary.")
     rope_theta: Real = Field(10000.0, gt=0, le=1e12, description="RoPE base (HF rope_theta; Llama 3: 500000).")
@@ -121,6 +192,23 @@ class ModelSpec(BaseModel):
     mla: MLASpec | None = Field(None, description="Multi-head latent attention; None = standard attention.")
     moe: MoESpec | None = Field(None, description="Mixture of experts; None = dense FFN everywhere.")
     mtp_layers: Count = Field(0, ge=0, le=MAX_LAYERS, description="Multi-token-prediction modules (DeepSeek-V3: 1).")
+    layer_pattern: str | None = Field(None, max_length=MAX_LAYERS, description=(
+        "Token mixer of each decoder layer, one letter each: A full attention, N full attention without RoPE, "
+        "W sliding window (sliding_window), C chunked (attention_chunk_size), M Mamba-2 (mamba), G Gated "
+        "DeltaNet, K Kimi Delta Attention (linear_attention), - none; None = A everywhere (W with sliding_window)."))
+    ffn_pattern: str | None = Field(None, max_length=MAX_LAYERS, description=(
+        "Feed-forward block of each decoder layer: D dense, E MoE, - none; None = MoE as moe.first_k_dense and "
+        "moe.layer_freq say."))
+    attention_chunk_size: Count | None = Field(None, ge=1, le=MAX_SEQ_LEN, description="Chunked attention (Llama 4): "
+                                               "a query attends within its chunk of this many tokens.")
+    attention_sinks: Flag = Field(False, description="A learned sink logit per head in the softmax (gpt-oss).")
+    attention_output_gate: Flag = Field(False, description="A sigmoid gate on the attention output from a doubled q "
+                                        "projection (Qwen3-Next gated attention).")
+    mamba: MambaSpec | None = Field(None, description="Mamba-2 mixer of the M layers.")
+    linear_attention: LinearAttentionSpec | None = Field(None, description="Linear attention of the G / K layers.")
+    indexer: IndexerSpec | None = Field(None, description="DeepSeek Sparse Attention indexer on every attention layer.")
+    mtp_source: str = Field("", description="Where the MTP modules come from when the checkpoint ships them beside "
+                            "the config's layers (e.g. Qwen3-Next's mtp.* weights).")
 
     @model_validator(mode="after")
     def _check_shapes(self) -> "ModelSpec":
@@ -137,7 +225,41 @@ class ModelSpec(BaseModel):
             )
         if self.moe and self.moe.first_k_dense > self.num_layers:
             raise ValueError(f"moe.first_k_dense ({self.moe.first_k_dense}) exceeds num_layers ({self.num_layers})")
+        self._check_patterns()
         return self
+
+    def _check_patterns(self) -> None:
+        """Each pattern has one known letter per decoder layer, and every letter has its settings."""
+        for field, pattern, letters in (("layer_pattern", self.layer_pattern, MIXER_LETTERS),
+                                        ("ffn_pattern", self.ffn_pattern, FFN_LETTERS)):
+            if pattern is None:
+                continue
+            if len(pattern) != self.num_layers:
+                raise ValueError(f"{field} has {len(pattern)} letters but num_layers is {self.num_layers}; give one "
+                                 "letter per decoder layer")
+            bad = sorted(set(pattern) - set(letters))
+            if bad:
+                raise ValueError(f"{field} letter {bad[0]!r} (layer {pattern.index(bad[0])}) is not one of "
+                                 f"{' '.join(letters)}; use one of them per layer")
+        mixers, ffns = set(self.layer_pattern or ""), set(self.ffn_pattern or "")
+        needs = (("W", self.sliding_window, "sliding_window"), ("C", self.attention_chunk_size, "attention_chunk_size"),
+                 ("M", self.mamba, "mamba"), ("E", self.moe, "moe"))
+        for letter, value, field in needs:
+            if letter in mixers | ffns and value is None:
+                raise ValueError(f"a layer of kind {letter} needs {field}; set it or change the pattern")
+        for letter, kind in (("G", "gated_deltanet"), ("K", "kda")):
+            if letter in mixers and (self.linear_attention is None or self.linear_attention.kind != kind):
+                raise ValueError(f"a layer of kind {letter} needs linear_attention of kind {kind}; set it or change "
+                                 "layer_pattern")
+        for field, value in (("sliding_window", self.sliding_window), ("attention_chunk_size", self.attention_chunk_size)):
+            if value is not None and value > self.seq_length:
+                raise ValueError(f"{field} ({value}) is larger than seq_length ({self.seq_length}); a window that "
+                                 f"covers the sequence is full attention: drop {field} or raise seq_length")
+        if self.layer_pattern and self.ffn_pattern:
+            empty = [i for i, (m, f) in enumerate(zip(self.layer_pattern, self.ffn_pattern)) if m == f == "-"]
+            if empty:
+                raise ValueError(f"decoder layer {empty[0]} has neither a mixer nor a feed-forward block; give it one "
+                                 "in layer_pattern or ffn_pattern")
 
     @property
     def kv_heads(self) -> int:
@@ -148,7 +270,55 @@ class ModelSpec(BaseModel):
         return self.head_dim or self.hidden_size // self.num_attention_heads
 
     def is_moe_layer(self, index: int) -> bool:
-        """Whether decoder layer `index` (0-based) has an MoE FFN."""
+        """Whether decoder layer `index` (0-based) has an MoE FFN (an MTP module past the decoder
+        layers: whenever the model has experts)."""
+        if self.ffn_pattern is not None and index < self.num_layers:
+            return self.ffn_pattern[index] == "E"
         if self.moe is None or index < self.moe.first_k_dense:
             return False
+        if index >= self.num_layers:
+            return True
         return (index - self.moe.first_k_dense) % self.moe.layer_freq == 0
+
+    def mixer_of(self, index: int) -> str:
+        """The layer_pattern letter of decoder layer `index` (MTP modules, past the decoder layers:
+        full attention, A)."""
+        if self.layer_pattern is not None and index < self.num_layers:
+            return self.layer_pattern[index]
+        return "W" if self.sliding_window is not None and self.layer_pattern is None else "A"
+
+    def ffn_of(self, index: int) -> str:
+        """The ffn_pattern letter of decoder layer `index`."""
+        if self.ffn_pattern is not None and index < self.num_layers:
+            return self.ffn_pattern[index]
+        return "E" if self.is_moe_layer(index) else "D"
+
+    def mixer_counts(self) -> dict:
+        """What the plan rules (autopar.schema.rules.Context) read of the recurrent mixers: the gcd
+        of the head and group counts tp must divide (Mamba-2 heads and groups: Megatron's
+        MambaMixer splits both; linear key and value heads: its GatedDeltaNet; 0 = none), the
+        Mamba heads that heads / tp must be a multiple of cp for (mamba_context_parallel.py), and
+        the mixer no context parallelism splits (delta-rule scans: no CP in Megatron-Core 0.16's
+        GatedDeltaNet or any framework here; DSA: Megatron's DSAttention refuses CP)."""
+        from math import gcd
+
+        letters = set(self.layer_pattern or "")
+        counts, mamba, blocker = [], 0, ""
+        if "M" in letters and self.mamba is not None:
+            counts += [self.mamba.num_heads, self.mamba.num_groups]
+            mamba = self.mamba.num_heads
+        if letters & {"G", "K"} and self.linear_attention is not None:
+            la = self.linear_attention
+            counts += [la.num_key_heads, la.num_value_heads]
+            blocker = "Gated DeltaNet" if la.kind == "gated_deltanet" else "Kimi Delta Attention"
+        if self.indexer is not None:
+            blocker = blocker or "DeepSeek Sparse Attention"
+        mixer_heads = 0
+        for n in counts:
+            mixer_heads = gcd(mixer_heads, n)
+        return dict(mixer_heads=mixer_heads, mamba_heads=mamba, cp_blocker=blocker)
+
+    @property
+    def is_hybrid(self) -> bool:
+        """Decoder layers differ in their mixer or drop a block (the patterns are set)."""
+        return self.layer_pattern is not None or self.ffn_pattern is not None

@@ -29,6 +29,11 @@ class Context(NamedTuple):
     num_kv_heads: int
     num_experts: int = 0
     gpus_per_node: int | None = None  # GPUs of the scale-up domain the job fills (NVLink / xGMI), not the host
+    # The recurrent mixers (ModelSpec.mixer_counts): the gcd of the Mamba / linear-attention head
+    # and group counts tp must divide, the Mamba heads cp splits after tp, the mixer cp cannot split.
+    mixer_heads: int = 0
+    mamba_heads: int = 0
+    cp_blocker: str = ""
 
 
 @dataclass(frozen=True, slots=True)
@@ -79,6 +84,17 @@ RULES: tuple[Rule, ...] = (
          lambda c, p: c.num_heads % p.tp == 0 and c.num_kv_heads % p.tp == 0,
          lambda c, p: f"tp {p.tp} must divide the {c.num_heads} attention heads and the {c.num_kv_heads} kv heads "
                       "(Megatron: num_query_groups % tp == 0); use a tp that divides both"),
+    Rule("tp divides the mixer heads", ("tp",), lambda c, p: not c.mixer_heads or c.mixer_heads % p.tp == 0,
+         lambda c, p: f"tp {p.tp} must divide the Mamba-2 / linear-attention head and group counts (their gcd is "
+                      f"{c.mixer_heads}; Megatron splits heads and groups over tp); use a tp that divides "
+                      f"{c.mixer_heads}"),
+    Rule("cp splits the mixers", ("cp", "tp"),
+         lambda c, p: p.cp == 1 or (not c.cp_blocker and (c.mamba_heads // p.tp) % p.cp == 0),
+         lambda c, p: (f"cp {p.cp}: no framework here splits {c.cp_blocker} layers over the sequence; use cp 1"
+                       if c.cp_blocker else
+                       f"cp {p.cp} must divide the {c.mamba_heads} Mamba-2 heads / tp {p.tp} = "
+                       f"{c.mamba_heads // p.tp} (Megatron's Mamba CP all-to-alls heads over cp); use a cp that "
+                       "divides them or cp 1")),
     Rule("dp·mbs divides the batch", ("tp", "pp", "cp", "mbs", "global_batch"), _batch_ok,
          lambda c, p: f"global batch {p.global_batch} is not divisible by dp·mbs = {_dp(c, p)}·{p.mbs} = "
                       f"{_dp(c, p) * p.mbs}; change the global batch, the micro batch or the degrees"),
@@ -131,7 +147,7 @@ RULES: tuple[Rule, ...] = (
          lambda c, p: str(p.precision) in ("bf16", "fp8") or str(p.precision) in framework_spec(p.framework).block_scaled_precisions,
          lambda c, p: f"{p.framework} has no {p.precision} training recipe (it offers "
                       f"{', '.join(('bf16', 'fp8') + framework_spec(p.framework).block_scaled_precisions)}); use one of "
-                      "those, or megatron for mxfp8 and nvfp4"),
+                      "those" + ("" if p.framework == "megatron" else ", or megatron for mxfp8 and nvfp4")),
     Rule("axes the framework offers", ("cp", "ep", "vpp", "framework"), lambda c, p: not _missing_axes(p),
          lambda c, p: f"{p.framework}'s engine has no {' or '.join(w for _, w in _missing_axes(p))}; use megatron "
                       f"or set {', '.join(a for a, _ in _missing_axes(p))} to 1"),

@@ -232,7 +232,7 @@ def layer_table(graph: ModelGraph, cluster: Cluster, plan: ParallelPlan, p: Cost
 
     if memo is not None and memo.bound_to(graph, cluster, base_p):
         _, key_to_cost = memo.costs(memo.stages(st.layout), st, plan, p)
-        costs = [key_to_cost[layer.kind if layer.kind in ("dense", "moe") else layer.name] for layer in kinds]
+        costs = [key_to_cost[layer.cost_key] for layer in kinds]
     else:
         costs = [layer_cost(layer, st.split, st.spans, cluster, p, plan.tp_comm_overlap) for layer in kinds]
 

@@ -71,8 +71,10 @@ class SpaceSpec:
     model_spec: Any = None  # the ModelSpec, for the target framework's expressibility rules
 
     def validator_kwargs(self) -> dict[str, int]:
+        mixers = self.model_spec.mixer_counts() if self.model_spec is not None else {}
         return dict(num_gpus=self.num_gpus, num_layers=self.num_layers, num_heads=self.num_heads,
-                    num_kv_heads=self.num_kv_heads, num_experts=self.num_experts, gpus_per_node=self.gpus_per_node)
+                    num_kv_heads=self.num_kv_heads, num_experts=self.num_experts, gpus_per_node=self.gpus_per_node,
+                    **mixers)
 
 
 def space_spec_for(graph, cluster, seq_len: int, global_batch: int, *, framework: str = Framework.MEGATRON,
@@ -272,11 +274,13 @@ DRAFT_MBS, DRAFT_GLOBAL_BATCH, DRAFT_FRAMEWORK = (Draft._fields.index(name)
 
 
 def draft_is_valid(d: Draft, num_gpus: int, num_layers: int, num_heads: int, num_kv_heads: int,
-                   num_experts: int = 0, gpus_per_node: int | None = None) -> bool:
+                   num_experts: int = 0, gpus_per_node: int | None = None, mixer_heads: int = 0,
+                   mamba_heads: int = 0, cp_blocker: str = "") -> bool:
     """`not plan_violations(d, ...)` for a Draft, without building the messages: the same rules
     (autopar.schema.rules), read off the tuple's fields. tests/test_space_fastpath.py checks it
     against plan_violations on every base of several spaces."""
-    return is_valid(Context(num_gpus, num_layers, num_heads, num_kv_heads, num_experts, gpus_per_node), d)
+    return is_valid(Context(num_gpus, num_layers, num_heads, num_kv_heads, num_experts, gpus_per_node,
+                            mixer_heads, mamba_heads, cp_blocker), d)
 
 
 def as_plan(plan: ParallelPlan | Draft) -> ParallelPlan:

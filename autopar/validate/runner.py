@@ -190,7 +190,7 @@ def _local_ddp(run: MeasuredRun) -> bool:
 def _violations(plan: ParallelPlan, run: MeasuredRun, graph: ModelGraph) -> list[str]:
     s = graph.spec
     return plan_violations(plan, num_gpus=run.num_gpus, num_layers=s.num_layers, num_heads=s.num_attention_heads,
-                           num_kv_heads=s.kv_heads, num_experts=s.moe.num_experts if s.moe else 0)
+                           num_kv_heads=s.kv_heads, num_experts=s.moe.num_experts if s.moe else 0, **s.mixer_counts())
 
 
 # A measured run did run: its memory is judged against the whole HBM. The planning margin
