@@ -144,6 +144,26 @@ def print_error(message: str) -> None:
     err.print(Text.assemble(("error:", "bold red"), " ", render_error(message)), soft_wrap=True)
 
 
+def print_warning(message: str) -> None:
+    """`warning: message` as one line on stderr: the command goes on."""
+    from rich.text import Text
+
+    err.print(Text.assemble(("warning:", "bold yellow"), " ", render_error(message)), soft_wrap=True)
+
+
+def _warn_cost_model(cluster: str | None, cost_model: str | None) -> None:
+    """A warning when --cost-model names a model for another GPU than the cluster's (a bad name or
+    file is reported by the command itself, as one error line)."""
+    if not cluster or not cost_model:
+        return
+    try:
+        message = api.cost_model_gpu_warning(cluster, cost_model)
+    except AutoparError:
+        return
+    if message:
+        print_warning(message)
+
+
 def fail(message: str, code: int = 2):
     """Print the error line and exit with `code` (2: a bad input)."""
     print_error(message)
@@ -410,6 +430,7 @@ def estimate(
     elif cp == 1:
         _refuse_unused(ctx, ("cp_comm_type",), "sets how context-parallel ranks exchange K/V, and --cp is 1",
                        "set --cp above 1")
+    _warn_cost_model(cluster, cost_model)
 
     def run():
         if from_megatron or from_deepspeed:
@@ -493,7 +514,7 @@ def calibrate(
     ctx: typer.Context,
     runs: Annotated[str, typer.Argument(help="'builtin' for the shipped measured runs, or a runs YAML of your own measured step times (format: autopar/schema/runs.py).")] = "builtin",
     gpu: Annotated[str, typer.Option("--gpu", help="GPU family whose runs to fit: a100 or h100.")] = "a100",
-    base: Annotated[str, typer.Option("--base", help="Cost model to start from (name or path).")] = "a100",
+    base: Annotated[Optional[str], typer.Option("--base", help="Cost model to start from (name or path); default: the shipped one of the runs' GPU (of --gpu for builtin; a100 for --derive-as).")] = None,
     out_path: Annotated[str, typer.Option("--out", help="Where to write the calibrated cost-model JSON.")] = "calibrated.json",
     rounds: Annotated[int, typer.Option("--rounds", min=1, max=100, help="Alternations of plan choice and fitting.")] = 2,
     iters: Annotated[int, typer.Option("--iters", min=1, max=100_000, help="Nelder-Mead iterations per round.")] = 200,
@@ -523,21 +544,29 @@ def calibrate(
 
     def run():
         if derive_as:
-            return api.derive_cost_model(base, derive_as, [g.strip() for g in (derive_gpus or "").split(",")
+            return api.derive_cost_model(base or "a100", derive_as, [g.strip() for g in (derive_gpus or "").split(",")
                                                            if g.strip()], command, reason)
         if runs != "builtin":
             fitted, loo = api.calibrate_runs(runs, base, command, iters=iters)
             leave_one_out.extend(loo)
+            uncalibrated.append(api.uncalibrated_error(runs, base))
             if not as_json:
                 held = "leave-one-out" if len(loo) <= MAX_HELD_OUT_FITS else f"{MAX_HELD_OUT_FITS}-fold held-out"
                 for run_id, e in loo:
                     out.print(f"{held} {run_id}: error {e:+.1%}")
             return fitted
-        return api.calibrate_builtin(gpu, base, command, rounds, iters)
+        return api.calibrate_builtin(gpu, base or gpu, command, rounds, iters)
 
     leave_one_out: list[tuple[str, float]] = []
+    uncalibrated: list[float | None] = []
     result = _run(run)
     _write_one(out_path, result.model_dump_json(indent=2) + "\n", force, inputs)
+    held_out = result.fit.mape_holdout if result.fit else None
+    if uncalibrated and uncalibrated[0] is not None and held_out is not None and held_out > uncalibrated[0]:
+        print_warning(f"the calibration's held-out error ({held_out:.1%} MAPE, each run predicted by a fit that "
+                      f"never saw it) is worse than the uncalibrated {result.name.removesuffix('-calibrated')} "
+                      f"model's ({uncalibrated[0]:.1%}) on these runs: it fits noise; measure more runs, or keep "
+                      "the shipped model (no --cost-model)")
     if as_json:
         _emit_json({"out": out_path, "cost_model": result.model_dump(mode="json"),
                     "leave_one_out": [{"run_id": r, "error": e} for r, e in leave_one_out]})
@@ -646,6 +675,7 @@ def plan(
     plan_json = str(Path(out_path) / "plan.json") if out_path and export_fmt else out_path
     inputs = _inputs(model, cluster, cost_model)
     _check_outputs(([plan_json] if plan_json else []) + _picture_paths(plot), force, inputs)
+    _warn_cost_model(cluster, cost_model)
     opts = _run_opts(train_tokens, gpu_hour_cost, failure_rate, checkpoint_gb_per_s, restart_minutes, async_save,
                      checkpoint_minutes)
     bar, update = _progress_sink(quiet or as_json)
@@ -910,6 +940,7 @@ def explain(
         _refuse_unused(ctx, ("force",), "overwrites existing pictures, and no --plot is named", "add --plot")
     inputs = _inputs(plan_file, model, cluster, cost_model)
     _check_outputs(_picture_paths(plot), force, inputs)
+    _warn_cost_model(cluster, cost_model)
     ex = _run(lambda: api.explain(plan_file, plan_string, model=model, cluster=cluster, gpus=gpus,
                                   global_batch=global_batch, seq_len=seq_len, framework=framework,
                                   cost_model=cost_model, memory_margin=memory_margin))
@@ -962,6 +993,7 @@ def sweep(
         _refuse_unused(ctx, ("force",), "overwrites an existing picture, and no --plot is named", "add --plot")
     inputs = _inputs(model, cluster, cost_model)
     _check_outputs(_picture_paths(plot, with_memory=False), force, inputs)
+    _warn_cost_model(cluster, cost_model)
     opts = _run_opts(train_tokens, gpu_hour_cost, failure_rate, checkpoint_gb_per_s, restart_minutes, async_save,
                      checkpoint_minutes)
     bar, update = _progress_sink(quiet or as_json)

@@ -131,3 +131,46 @@ def test_explain_json_change_names_the_new_degree(axis):
         if a.axis == axis:
             want = {"cp": a.plan.cp, "vpp": a.plan.vpp, "ep": a.plan.ep, "etp": a.plan.expert_tp}[axis]
             assert d["change"] == {axis: want}
+
+
+EXAMPLE_RUNS = __import__("pathlib").Path(__file__).parent.parent / "examples" / "measured-runs.yaml"  # H100 96 GB
+
+
+def test_calibrate_h100_runs_starts_from_the_h100_base_and_is_named_after_it(tmp_path):
+    from autopar import api
+    from autopar.cost.params import load_cost_model
+
+    out = tmp_path / "mine.json"
+    r = runner.invoke(app, ["calibrate", str(EXAMPLE_RUNS), "--out", str(out), "--iters", "20"])
+    assert r.exit_code == 0, r.output
+    mine, _ = load_cost_model(str(out))
+    h100, _ = load_cost_model("h100")
+    assert mine.name == "h100-calibrated" and "Base file: h100 " in mine.provenance.notes
+    assert set(mine.gpus) == set(h100.gpus) | {"H100 SXM 96GB HBM2e 500W"}
+    # warned exactly when the held-out error is worse than the uncalibrated h100 model's on these runs
+    worse = mine.fit.mape_holdout > api.uncalibrated_error(str(EXAMPLE_RUNS), None)
+    assert ("warning: the calibration's held-out error" in r.output) == worse
+    if worse:
+        assert "worse than the uncalibrated h100 model's" in r.output
+
+
+def test_a_cost_model_for_another_gpu_is_warned_about(tmp_path):
+    args = ["estimate", "llama3-8b", "-n", "8", "-b", "8", "-s", "4096", "--cost-model", "h100"]
+    other = runner.invoke(app, [*args, "-c", "dgx-a100-80gb"])
+    assert other.exit_code == 0, other.output
+    assert "warning: cost model h100 (h100) is for H100 SXM5 80GB" in " ".join(other.output.split())
+    assert "dgx-a100-80gb has A100 SXM4 80GB" in " ".join(other.output.split())
+    own = runner.invoke(app, [*args, "-c", "dgx-h100"])
+    assert own.exit_code == 0 and "warning" not in own.output
+
+
+def test_calibrating_runs_of_two_gpu_families_is_refused(tmp_path):
+    text = EXAMPLE_RUNS.read_text()
+    first = text.split("  - name: ")[1]
+    mixed = tmp_path / "mixed.yaml"
+    a100 = first.replace("cluster: grandteton-h100-96gb", "cluster: dgx-a100-80gb").replace(
+        "llama3.1-8b-fsdp8-compile-fp8", "a100-run").replace("precision: fp8", "precision: bf16")
+    mixed.write_text("runs:\n  - name: " + first + "  - name: " + a100)
+    r = runner.invoke(app, ["calibrate", str(mixed), "--out", str(tmp_path / "x.json"), "--iters", "5"])
+    assert r.exit_code == 2 and "different cost models" in r.output and "--base" in r.output
+    assert not (tmp_path / "x.json").exists()

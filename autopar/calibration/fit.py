@@ -454,15 +454,51 @@ def check_calibration_steps(n: int, iters: int) -> None:
                       f"{fix or 'calibrate on fewer runs'}")
 
 
-def calibrate_user(runs_path: str, base: CostModelFile, command: str, free: Sequence[str] = USER_FREE,
+def runs_gpus(runs: Sequence[MeasuredRun]) -> list[str]:
+    """The GPU names (as in hardware profiles) of the runs' clusters, sorted."""
+    from autopar.hardware import load_profile
+
+    return sorted({load_profile(r.cluster).gpu.name for r in runs})
+
+
+def base_for_gpus(gpus: Sequence[str]) -> str:
+    """The shipped cost model of these GPUs: what a calibration on their runs starts from and is
+    named after. Refused when they have different ones (or none), naming the fix."""
+    from autopar.cost.params import cost_model_for_gpu
+    from autopar.errors import AutoparError
+
+    gpu_to_base: dict[str, str] = {}
+    for gpu in gpus:
+        try:
+            gpu_to_base[gpu] = cost_model_for_gpu(gpu)[0].name
+        except AutoparError:
+            raise SchemaError(f"no shipped cost model covers {gpu}, the GPU of the runs; name the one to start "
+                              "from with --base (a shipped name or a file)") from None
+    bases = sorted(set(gpu_to_base.values()))
+    if len(bases) > 1:
+        listed = ", ".join(f"{g} ({b})" for g, b in gpu_to_base.items())
+        raise SchemaError(f"the runs are on GPUs with different cost models: {listed}; calibrate each GPU's runs "
+                          "from their own file, or name one base with --base")
+    return bases[0]
+
+
+def calibrate_user(runs_path: str, base: CostModelFile | None, command: str, free: Sequence[str] = USER_FREE,
                    iters: int = 150) -> tuple[CostModelFile, list[tuple[str, float]]]:
     """Fit on all runs; held out: refit without each run (leave-one-out; above MAX_HELD_OUT_FITS
     runs, without each of that many folds, held_out_folds) and predict what was left out. Returns
     the file and (run_id, held-out error) pairs in run order. A framework with its own GEMM ceiling
     in `base` (torchtitan, DeepSpeed) has it fitted too where the runs use that framework: its runs
-    never read the file's. Over MAX_CALIBRATION_STEPS run-iterations, refused before fitting."""
+    never read the file's. Over MAX_CALIBRATION_STEPS run-iterations, refused before fitting.
+    `base` None: the shipped cost model of the runs' GPU (base_for_gpus). The file is named after
+    that model ("h100-calibrated") and applies to the runs' GPUs alone (its `gpus`)."""
+    from autopar.cost.params import load_cost_model
+
     runs = load_user_runs(runs_path)
     check_calibration_steps(len(runs), iters)
+    gpus = runs_gpus(runs)
+    shipped = base_for_gpus(gpus) if base is None else _shipped_base(gpus)
+    if base is None:
+        base = load_cost_model(shipped)[0]
     own = sorted({r.framework for r in runs if "gemm_max" in getattr(base.frameworks.get(r.framework), "compute", {})})
     free = list(free) + [f"{fw}.gemm_max" for fw in own if f"{fw}.gemm_max" not in free]
     result = fit(runs, base, free, rounds=1, iters=iters)
@@ -480,6 +516,28 @@ def calibrate_user(runs_path: str, base: CostModelFile, command: str, free: Sequ
                        mape_holdout=sum(abs(e) for _, e in loo) / len(loo) if loo else None)
     held = ("leave-one-out" if all(len(f) == 1 for f in folds) else f"{len(folds)}-fold (run i held out in fold "
             f"i mod {len(folds)})")
-    notes = (f"Fitted {', '.join(free)} on {len(runs)} user runs; mape_holdout is the {held} error. "
-             f"Base file: {base.name} ({base.provenance.method}: {base.provenance.command}).")
-    return stamp(result.file, command, [f"runs file {runs_path}"], notes, report), loo
+    notes = (f"Fitted {', '.join(free)} on {len(runs)} user runs on {', '.join(gpus)}; mape_holdout is the {held} "
+             f"error. Base file: {base.name} ({base.provenance.method}: {base.provenance.command}).")
+    # the runs' GPUs and, with the shipped model of their GPU, the GPUs it covers (one family, e.g. H100s)
+    family = load_cost_model(shipped)[0].gpus if shipped else []
+    fitted = result.file.model_copy(update={"name": f"{shipped or base.name}-calibrated",
+                                            "gpus": sorted({*gpus, *family})})
+    return stamp(fitted, command, [f"runs file {runs_path}"], notes, report), loo
+
+
+def _shipped_base(gpus: Sequence[str]) -> str | None:
+    """The shipped cost model of `gpus` (base_for_gpus), None when they have none or several."""
+    try:
+        return base_for_gpus(gpus)
+    except SchemaError:
+        return None
+
+
+def uncalibrated_mape(runs_path: str, base: CostModelFile | None) -> float | None:
+    """Mean absolute error of `base` (None: the runs' GPU's shipped model) on the runs, unfitted:
+    what a calibration's held-out error must beat to be worth using."""
+    from autopar.cost.params import load_cost_model
+
+    runs = load_user_runs(runs_path)
+    base = base if base is not None else load_cost_model(base_for_gpus(runs_gpus(runs)))[0]
+    return _mape(runs, params_from_file(base))
