@@ -368,3 +368,16 @@ def test_torchtitan_parses_the_checkpoint_schedule(titan_config, monkeypatch):
     args, steps, interval = _checkpoint_args(pf)
     config = ConfigManager().parse_args(torchtitan_args(pf, ("--checkpoint.enable", *args)))
     assert (config.checkpoint.interval, config.checkpoint.async_mode, steps, interval) == (77, "async", 5000, 77)
+
+
+def test_torchtitan_parses_the_marked_dataset_and_learning_rate(titan_config):
+    """The dataset (<-- SET in the launch) and the learning rate (<-- SET in the config module)
+    reach torchtitan's own config."""
+    from torchtitan.config import ConfigManager
+
+    pf = TITAN_PLANS["8b ddp"]()
+    titan_config(pf)  # writes the config module
+    config = ConfigManager().parse_args(torchtitan_args(pf, ("--dataloader.dataset", "c4_test",
+                                                             "--dataloader.dataset-path", "/data/c4")))
+    assert (config.dataloader.dataset, config.dataloader.dataset_path) == ("c4_test", "/data/c4")
+    assert [g.optimizer_kwargs["lr"] for g in config.optimizer.param_groups] == [3e-4]  # Llama 2's 7B peak

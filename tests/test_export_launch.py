@@ -228,3 +228,35 @@ def test_each_qwen25_size_keeps_its_name(where, name, tmp_path):
     config = json.loads((HF / "qwen2-7b.json").read_text())
     path.write_text(json.dumps({**config, "_name_or_path": "Qwen/Qwen2.5-7B-Instruct"}))
     assert load_spec(str(path)).name == "Qwen/Qwen2.5-7B-Instruct"  # the config's own name comes first
+
+
+# ---- torchtitan: data and learning rate marked, a shape it has no flavour for refused with its need ---
+
+def test_torchtitan_marks_the_dataset_and_learning_rate(tmp_path):
+    from test_export import titan
+
+    pf = titan("llama3-70b", 64, tp=8, global_batch=64, seq_len=8192, zero=3)
+    files = export(pf, "torchtitan")
+    script, module = files["launch_torchtitan.sh"], files["autopar_torchtitan.py"]
+    assert 'DATASET="${DATASET:-c4}"' in script and "<-- SET" in next(
+        ln for ln in script.splitlines() if ln.startswith("DATASET="))
+    lr_line = next(ln for ln in module.splitlines() if ln.startswith("LR = "))
+    assert lr_line.startswith("LR = 0.00015  # <-- SET")  # Llama 2's 34B/70B peak
+    assert "group.optimizer_kwargs['lr'] = LR" in module
+    argv = run_script(script, "torchrun", tmp_path)
+    assert flag(argv, "--dataloader.dataset") == "c4" and flag(argv, "--dataloader.dataset-path") == "/path/to/dataset"
+
+
+@pytest.mark.parametrize("framework,zero", [("megatron", 1), ("torchtitan", 2)])
+def test_torchtitan_refuses_a_shape_it_has_no_flavour_for_with_what_it_would_need(framework, zero):
+    from autopar.errors import ExportError
+
+    pf = plan_file(str(HF / "qwen2-7b.json"), 8, tp=2, global_batch=64, seq_len=4096, framework=framework,
+                   zero=zero)
+    with pytest.raises(ExportError) as info:
+        export(pf, "torchtitan")
+    message = str(info.value)
+    assert "autopar plan" not in message and "re-plan it" not in message  # a re-plan would refuse the same way
+    assert ("torchtitan would need a model_registry flavour with n_layers 28, dim 3584, n_heads 28, n_kv_heads 4, "
+            "head_dim 128, hidden_dim 18944, vocab_size 152064") in message
+    assert "qkv bias" in message and "\n" not in message

@@ -70,6 +70,16 @@ def export(pf: PlanFile, fmt: str) -> dict[str, str]:
         raise ExportError(f"unknown export format {fmt!r}; choose one of {', '.join(EXPORT_FORMATS)}")
     source = str(pf.parallel.framework)
     if source != name:
+        from autopar.frameworks import model_refusals
+
+        cannot = model_refusals(name, pf.target.model_spec)  # no layout helps: a re-plan would refuse it too
+        if cannot:
+            if name == "torchtitan":
+                from autopar.export.torchtitan import flavour_needed, no_flavour_reason
+
+                if no_flavour_reason(pf.target.model_spec):
+                    cannot = [*cannot, flavour_needed(pf.target.model_spec)]
+            raise ExportError(f"{name} cannot train {pf.target.model_spec.name} in any layout: " + "; ".join(cannot))
         problems = retarget_problems(pf, name)
         if problems:
             raise ExportError(f"this plan was made for {source} and {name} would not run it as planned: "

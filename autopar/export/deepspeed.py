@@ -25,8 +25,8 @@ import json
 import shlex
 from typing import Any
 
-from autopar.export.common import (checkpoint_schedule, cluster_block, header, node_shape, plan_layout, refuse,
-                                   require_exportable)
+from autopar.export.common import (checkpoint_schedule, cluster_block, header, model_params, node_shape, peak_lr,
+                                   plan_layout, refuse, require_exportable)
 from autopar.frameworks import plan_refusals
 from autopar.schema.plan import ParallelPlan, RecomputeMode
 from autopar.schema.plan_file import PlanFile
@@ -78,9 +78,7 @@ def export_deepspeed(pf: PlanFile) -> dict[str, Any]:
         "zero_optimization": _zero_section(pf, plan),
         "wall_clock_breakdown": False,
     }
-    from autopar.model import build_graph
-
-    config |= optimizer_sections(build_graph(pf.target.model_spec).total_params, train_steps(pf)[0])
+    config |= optimizer_sections(model_params(pf), train_steps(pf)[0])
     if plan.recompute.mode == RecomputeMode.FULL:
         config["activation_checkpointing"] = {
             "partition_activations": False, "cpu_checkpointing": False, "contiguous_memory_optimization": False,
@@ -140,19 +138,13 @@ def launch_script(pf: PlanFile, config: dict[str, Any], config_path: str = "ds_c
 
 
 # AdamW and the LR schedule of Llama 2 (Touvron et al. 2023, arXiv 2307.09288, sec. 2.2): betas 0.9/0.95,
-# eps 1e-5, weight decay 0.1, clipping 1.0, 2000 warmup steps, cosine decay to 10% of the peak; peak 3e-4
-# for the 7B/13B models and 1.5e-4 for 34B/70B. The user sets the peak and the length (<-- SET).
+# eps 1e-5, weight decay 0.1, clipping 1.0, 2000 warmup steps, cosine decay to 10% of the peak; the peak
+# is common.peak_lr. The user sets the peak and the length (<-- SET).
 ADAM_BETAS = (0.9, 0.95)
 ADAM_EPS = 1e-5
 WEIGHT_DECAY = 0.1
 WARMUP_STEPS = 2000
 MIN_LR_RATIO = 0.1
-LARGE_MODEL_PARAMS = 20e9  # above it the 34B/70B peak
-
-
-def peak_lr(params: int) -> float:
-    """Llama 2's peak learning rate for a model of `params` parameters."""
-    return 1.5e-4 if params > LARGE_MODEL_PARAMS else 3e-4
 
 
 def optimizer_sections(params: int, steps: int) -> dict[str, Any]:

@@ -37,7 +37,8 @@ from __future__ import annotations
 
 from autopar.cost.layout import Layout, torchtitan_layer_counts  # noqa: F401 (torchtitan's split, re-exported)
 from autopar.export.common import (TORCHRUN, bash_array, checkpoint_schedule, cluster_block, comment_safe, header,
-                                   layer_counts, plan_layout, refuse, require_exportable, shell_word)
+                                   layer_counts, model_params, peak_lr, plan_layout, refuse, require_exportable,
+                                   shell_word)
 from autopar.frameworks import plan_refusals
 from autopar.frameworks.torchtitan import FLAVOURS, Flavour, flavour_for, no_flavour_reason  # noqa: F401 (re-exported)
 from autopar.schema.model import ModelSpec
@@ -47,14 +48,34 @@ from autopar.schema.plan_file import PlanFile
 def _config_for(pf: PlanFile, plan: ParallelPlan) -> Flavour:
     reason = no_flavour_reason(pf.target.model_spec)
     if reason:
-        refuse("torchtitan", [reason])
+        refuse("torchtitan", [f"{reason}; {flavour_needed(pf.target.model_spec)}"])
     return flavour_for(pf.target.model_spec)
+
+
+def flavour_needed(spec: ModelSpec) -> str:
+    """What torchtitan 0.3 would need to train `spec`: a model_registry flavour of its shape (the
+    registry's field names) and a config_registry function returning it; re-planning cannot help."""
+    family = "deepseek_v3" if spec.mla else "qwen3" if spec.qk_norm else "llama3"
+    shape = (f"n_layers {spec.num_layers}, dim {spec.hidden_size}, n_heads {spec.num_attention_heads}, "
+             f"n_kv_heads {spec.kv_heads}, head_dim {spec.head_size}, hidden_dim {spec.ffn_hidden_size}, "
+             f"vocab_size {spec.vocab_size}")
+    extra = [what for what, has in (("qkv bias", spec.qkv_bias), ("attention output bias", spec.attn_out_bias),
+                                    ("MLP bias", spec.mlp_bias), ("LayerNorm", spec.normalization == "layernorm"),
+                                    ("learned positions", spec.position_embedding == "learned"),
+                                    ("GeLU MLP", spec.activation == "gelu")) if has]
+    return (f"torchtitan would need a model_registry flavour with {shape} in torchtitan/models/{family}, and a "
+            f"config_registry function returning it" + (f" (and a model family with {', '.join(extra)}, which "
+            f"{family} has not)" if extra else "") + "; re-planning for torchtitan cannot supply it")
 
 
 def torchtitan_refusals(pf: PlanFile, plan: ParallelPlan) -> list[str]:
     """Every reason torchtitan 0.3 cannot run `plan` (empty = exportable): the framework's own
-    refusals (autopar.frameworks.torchtitan), which the search filters by."""
-    return plan_refusals(pf.target.model_spec, pf.target.gpus, plan)
+    refusals (autopar.frameworks.torchtitan), which the search filters by, and for a model of no
+    flavour's shape what torchtitan would need instead."""
+    out = plan_refusals(pf.target.model_spec, pf.target.gpus, plan)
+    if no_flavour_reason(pf.target.model_spec):
+        out.append(flavour_needed(pf.target.model_spec))
+    return out
 
 
 def _dp_args(plan: ParallelPlan, layout: Layout) -> list[str]:
@@ -193,7 +214,9 @@ def config_module(pf: PlanFile) -> str:
         f"NORM_EPS = {spec.norm_epsilon!r}",
         f"ROUTER = {_router_fields(spec)!r}",
         f"WEIGHT_TYING = {spec.tie_embeddings!r}",
-        f"SEQ_LEN = {plan.seq_len}", "", "",
+        f"SEQ_LEN = {plan.seq_len}",
+        f"LR = {peak_lr(model_params(pf))!r}  # <-- SET: peak learning rate (Llama 2's for this size; the "
+        "flavour's warmup and decay stay)", "", "",
         f"def {CONFIG_FN}():",
         f"    config = {flavour.recipe(fp8)}()",
         ("    converters = [Float8LinearConverter.Config(filter_fqns=['lm_head'], model_compile_enabled=True)]"
@@ -209,6 +232,8 @@ def config_module(pf: PlanFile) -> str:
         *(["    for _, router, _, _ in model.traverse(TokenChoiceTopKRouter.Config):",
            "        for key, value in ROUTER.items():",
            "            setattr(router, key, value)"] if spec.moe else []),
+        "    for group in config.optimizer.param_groups:",
+        "        group.optimizer_kwargs['lr'] = LR",
         "    if hasattr(model, 'enable_weight_tying'):",
         "        model.enable_weight_tying = WEIGHT_TYING",
         "    return config", "",
@@ -216,7 +241,8 @@ def config_module(pf: PlanFile) -> str:
     return "\n".join(lines)
 
 
-_RUN_ARGS = ("--hf-assets-path", '"$HF_ASSETS_PATH"', "--dataloader.dataset-path", '"$DATASET_PATH"',
+_RUN_ARGS = ("--hf-assets-path", '"$HF_ASSETS_PATH"', "--dataloader.dataset", '"$DATASET"',
+             "--dataloader.dataset-path", '"$DATASET_PATH"',
              "--dump-folder", '"$DUMP_FOLDER"', "--training.steps", '"$TRAIN_STEPS"', "--checkpoint.enable")
 _PYTHONPATH = 'export PYTHONPATH="$(cd "$(dirname "$0")" && pwd)${PYTHONPATH:+:$PYTHONPATH}"  # autopar_torchtitan.py'
 
@@ -242,7 +268,10 @@ def export_torchtitan(pf: PlanFile) -> str:
     settings = "\n".join([
         "# ---- Set these: tokenizer and weights folder, data, outputs ----",
         'HF_ASSETS_PATH="${HF_ASSETS_PATH:-/path/to/hf_assets}"   # <-- SET: tokenizer (and config.json) folder',
+        'DATASET="${DATASET:-c4}"                                  # <-- SET: a dataset torchtitan registers '
+        '(c4, c4_test) or yours',
         'DATASET_PATH="${DATASET_PATH:-/path/to/dataset}"         # <-- SET: local copy of the dataset',
+        f"# Learning rate: LR in {CONFIG_MODULE}.py beside this script  <-- SET (Llama 2's peak for this size).",
         'DUMP_FOLDER="${DUMP_FOLDER:-./outputs}"                   # <-- SET: logs and checkpoints',
         'TRAIN_STEPS="${TRAIN_STEPS:-' + str(steps or 10000) + '}"' + " " * max(1, 27 - len(str(steps or 10000)))
         + "# <-- SET: training length" + (" (the planned run's)" if steps else ""),
