@@ -31,14 +31,15 @@ from autopar.schema.plan import ParallelPlan
 from autopar.units import GiB
 
 MAX_MICROBATCHES = 64  # simulated for a timeline
-MAX_DRAWN_CHUNK_OPS = 64  # forward chunk-ops per rank drawn in a picture (m · vpp), for legibility
+MAX_DRAWN_CHUNK_OPS = 64  # forward chunk-ops per rank the terminal timeline draws (m · vpp), for legibility
+MAX_FIGURE_OPS = 2**17  # ops (2 · m · vpp · pp) a picture's schedule holds; above it, a repeating part is cut
 GROUP_CHUNKS_FROM_VPP = 8  # from this vpp on, back-to-back chunk-ops of one kind are drawn as one bar
 PICTURE_SUFFIXES = (".png", ".svg", ".pdf")
 KINDS = ("timeline", "memory", "sweep")
 INSTALL_HINT = "pip install 'autopar[plot]'"
 COLORS = {  # one colour per part; the terminal uses the same names
     "forward": "#4C78A8", "backward": "#54A24B", "recompute": "#F58518", "comm": "#B279A2",
-    "p2p": "#222222", "idle": "#EEEEEE",
+    "p2p": "#222222", "idle": "#EEEEEE", "step_wide": "#9D755D",
     "weights": "#4C78A8", "gradients": "#72B7B2", "optimizer": "#54A24B", "activations": "#F58518",
     "other": "#BAB0AC",
 }
@@ -140,7 +141,7 @@ def pipeline_timeline(plan: ParallelPlan, estimate: Estimate, max_microbatches: 
         dur = op.end_s - op.start_s
         bars.append(Bar(op.rank, op.kind, op.microbatch, op.chunk, op.start_s, op.end_s, rec,
                         min(share * dur, dur - rec)))
-    pipeline_s = _pipeline_s(estimate) if m < estimate.num_microbatches else times.step_s
+    pipeline_s = _pipeline_s(estimate)  # the tables' numbers, not the simulation's makespan
     title = (f"{plan.layout()} {'interleaved 1F1B' if vpp > 1 else '1F1B'}, {estimate.num_microbatches} "
              f"microbatches: pipeline {seconds(pipeline_s)} of a {seconds(estimate.step_time_s)} step")
     return Timeline(tuple(bars), _transfers(bars, pp, vpp, p2p_s), times.step_s, pp, vpp, m,
@@ -279,13 +280,17 @@ def timeline_figure(plan: ParallelPlan, estimate: Estimate):
     """The pipeline timeline as a matplotlib Figure. Needs matplotlib.
     At most about MAX_DRAWN_CHUNK_OPS forward chunk-ops per rank are drawn, so bars stay legible;
     from vpp GROUP_CHUNKS_FROM_VPP on, back-to-back chunk-ops are drawn as one bar (op_runs)."""
-    tl = pipeline_timeline(plan, estimate, max_microbatches=max(plan.pp, MAX_DRAWN_CHUNK_OPS // plan.vpp))
+    tl = pipeline_timeline(plan, estimate, max_microbatches=figure_microbatches(plan, estimate.num_microbatches))
     grouped = tl.vpp >= GROUP_CHUNKS_FROM_VPP
     fig = _figure(width=14, height=1.7 + 0.5 * tl.pp)
     ax = fig.add_subplot()
-    px_per_s = _px_per_s(fig, tl)
+    tail_start, end_s = _step_tail(tl, estimate)
+    px_per_s = _px_per_s(fig, tl, end_s)
     for r in range(tl.pp):
-        ax.broken_barh([(0.0, tl.step_s)], (r - 0.4, 0.8), facecolors=COLORS["idle"], zorder=0)
+        ax.broken_barh([(0.0, end_s)], (r - 0.4, 0.8), facecolors=COLORS["idle"], zorder=0)
+    if end_s > tail_start:  # dp gradient sync and the optimizer step: every rank, after the pipeline
+        ax.broken_barh([(tail_start, end_s - tail_start)] * 1, (-0.4, tl.pp - 0.2), facecolors=COLORS["step_wide"],
+                       zorder=1)
     overlays: dict[tuple[str, int], list[tuple[float, float]]] = {}
     for b in tl.bars:
         for part, a, e in b.parts():
@@ -300,18 +305,17 @@ def timeline_figure(plan: ParallelPlan, estimate: Estimate):
             ops.setdefault((b.kind, b.chunk, b.rank), []).append((b.start_s, b.end_s - b.start_s))
         for (kind, chunk, rank), spans in sorted(ops.items()):
             color = _chunk_color("forward" if kind == FORWARD else "backward", chunk, tl.vpp)
-            ax.broken_barh(spans, (rank - 0.4, 0.8), facecolors=color, edgecolors="white", linewidth=0.2, zorder=2)
+            ax.broken_barh(spans, (rank - 0.4, 0.8), facecolors=color, edgecolors="white", linewidth=0.2, zorder=2,
+                           rasterized=True)  # a vector picture keeps its text as text, its bars as one image
     for (part, rank), spans in sorted(overlays.items()):
-        ax.broken_barh(spans, (rank - 0.4, 0.8), facecolors=COLORS[part], linewidth=0, zorder=3)
+        ax.broken_barh(spans, (rank - 0.4, 0.8), facecolors=COLORS[part], linewidth=0, zorder=3, rasterized=True)
     if tl.p2p_s * px_per_s >= 3:  # a send narrower than that would draw as a speck
         for tr in tl.transfers:
             y = tr.rank + (-0.45 if tr.kind == FORWARD else 0.45)
-            ax.plot([tr.start_s, tr.end_s], [y, y], color=COLORS["p2p"], linewidth=1.5, zorder=4)
-    if not grouped:
-        _label_microbatches(ax, tl, px_per_s)
+            ax.plot([tr.start_s, tr.end_s], [y, y], color=COLORS["p2p"], linewidth=1.5, zorder=4, rasterized=True)
     ax.set_ylim(tl.pp - 0.5, -0.5)
     ax.set_yticks(range(tl.pp), [f"rank {r}" for r in range(tl.pp)])
-    ax.set_xlim(0, tl.step_s)
+    ax.set_xlim(0, end_s)
     ax.set_xlabel(f"time (s) in a {tl.num_microbatches}-microbatch schedule" if tl.truncated
                   else "time in the step (s)")
     sub = [tl.note] if tl.note else []
@@ -340,34 +344,22 @@ def _wrap_notes(notes: list[str], width: int = 150) -> list[str]:
 
 
 def _draw_runs(ax, runs: list[Run], px_per_s: float) -> None:
-    """Runs as outlined bars labelled F×n / B×n / 1F1B×n (n chunk-ops) when the label fits; a steady
-    stretch is backward-green hatched with forward-blue."""
+    """Runs as outlined bars (no text over a bar: the legend names them); a steady stretch is
+    backward-green hatched with forward-blue."""
     for run in runs:
         kwargs = dict(facecolors=COLORS["backward"], edgecolors=COLORS["forward"], hatch="////", linewidth=0.6) \
             if run.kind == STEADY else dict(facecolors=COLORS["forward" if run.kind == FORWARD else "backward"],
                                             edgecolors="#333333", linewidth=0.6)
-        ax.broken_barh([(run.start_s, run.end_s - run.start_s)], (run.rank - 0.4, 0.8), zorder=2, **kwargs)
-        width_px = (run.end_s - run.start_s) * px_per_s
-        name = "1F1B" if run.kind == STEADY else run.kind
-        label = f"{name}×{run.ops}" if run.ops > 1 else name
-        lo, hi = run.chunks
-        detail = f"{label}  chunks {lo + 1}–{hi + 1}" if hi > lo else label
-        text = detail if width_px >= 7 * len(detail) else label if width_px >= 7 * len(label) else ""
-        if run.ops == 1 and width_px < 40:  # a lone chunk-op: its colour says enough
-            text = ""
-        if text:
-            ax.text((run.start_s + run.end_s) / 2, run.rank, text, ha="center", va="center", fontsize=7,
-                    color="white", zorder=5,
-                    bbox=dict(boxstyle="round,pad=0.15", facecolor="#333333", alpha=0.6, linewidth=0)
-                    if run.kind == STEADY else None)
+        ax.broken_barh([(run.start_s, run.end_s - run.start_s)], (run.rank - 0.4, 0.8), zorder=2, rasterized=True,
+                       **kwargs)
 
 
 def _timeline_legend(tl: Timeline, px_per_s: float, steady: bool = False) -> list:
     from matplotlib.lines import Line2D
 
-    handles = _legend_handles(["forward", "backward", "recompute", "comm", "idle"],
+    handles = _legend_handles(["forward", "backward", "recompute", "comm", "idle", "step_wide"],
                               {"recompute": "recompute (start of backward)", "comm": "exposed tp/cp/ep comm",
-                               "idle": "idle (bubble)"})
+                               "idle": "idle (bubble)", "step_wide": "dp comm + optimizer step"})
     if 1 < tl.vpp < GROUP_CHUNKS_FROM_VPP:
         from matplotlib.patches import Patch
 
@@ -386,17 +378,26 @@ def _chunk_color(part: str, chunk: int, vpp: int) -> str:
     return _lighter(COLORS[part], 0.5 * chunk / max(vpp - 1, 1))
 
 
-def _px_per_s(fig, tl: Timeline) -> float:
-    """Horizontal pixels per second of the axes (about 85 % of the figure's width)."""
-    return fig.get_figwidth() * fig.dpi * 0.85 / tl.step_s if tl.step_s > 0 else 0.0
+def _px_per_s(fig, tl: Timeline, end_s: float | None = None) -> float:
+    """Horizontal pixels per second of the axes (about 85 % of the figure's width) over [0, end_s]."""
+    span = tl.step_s if end_s is None else end_s
+    return fig.get_figwidth() * fig.dpi * 0.85 / span if span > 0 else 0.0
 
 
-def _label_microbatches(ax, tl: Timeline, px_per_s: float) -> None:
-    """Write the microbatch number (1-based) inside ops wide enough to hold it."""
-    for b in tl.bars:
-        if (b.end_s - b.start_s) * px_per_s >= 14:
-            ax.text((b.start_s + b.end_s) / 2, b.rank, str(b.microbatch + 1), ha="center", va="center",
-                    fontsize=7, color="white" if b.chunk == 0 else "#222222", zorder=5)
+def figure_microbatches(plan: ParallelPlan, num_microbatches: int) -> int:
+    """Every microbatch of the schedule, unless its ops (2 · m · vpp · pp) pass MAX_FIGURE_OPS."""
+    per_microbatch = 2 * plan.vpp * plan.pp
+    return simulated_microbatches(num_microbatches, plan.pp, plan.vpp, max(1, MAX_FIGURE_OPS // per_microbatch))
+
+
+def _step_tail(tl: Timeline, estimate: Estimate) -> tuple[float, float]:
+    """(start, end) of the step-wide tail (dp communication, optimizer step) on the picture's axis:
+    after the estimate's pipeline phase, ending at the estimate's step (the tables' number), or
+    after the drawn schedule when a repeating part of it is cut."""
+    tb = estimate.time_breakdown_s
+    tail = tb["dp_comm"] + tb["optimizer"]
+    start = tl.step_s if tl.truncated else max(tl.step_s, _pipeline_s(estimate))
+    return start, start + tail
 
 
 # --------------------------------------------------------------------------- memory
@@ -690,7 +691,11 @@ def _render(fig, path: str | Path) -> bytes:
     import io
 
     buf = io.BytesIO()
-    fig.savefig(buf, format=Path(path).suffix.lower().lstrip(".") or "png", bbox_inches="tight")
+    import matplotlib
+
+    # text stays text in an SVG (not one path per glyph): a small file whose words can be searched
+    with matplotlib.rc_context({"svg.fonttype": "none"}):
+        fig.savefig(buf, format=Path(path).suffix.lower().lstrip(".") or "png", bbox_inches="tight")
     return buf.getvalue()
 
 
