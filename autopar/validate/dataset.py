@@ -141,6 +141,11 @@ _SOURCE_TO_RELEASE = {"narayanan21-zero3": "0.3", "torchtitan-2412": "2024-12", 
 # optim.name mcore_distributed_optim with grad_sync_dtype bf16, which NeMo turns into
 # DistributedDataParallelConfig(grad_reduce_in_fp32=False) (megatron_base_model.setup_mcore_distributed_parallel).
 _BF16_GRAD_RUNS = frozenset({"nemo2407_h100_fp8_nemotron_340b_128gpu"})
+# Sources whose every run keeps gradients in bf16. dgxc-nemo25: the 2025 recipes launch NeMo 25.04's
+# scripts/performance/llm/pretrain_<model>.py, which builds pretrain_recipe(performance_mode=True); each
+# recipe's pretrain_performance_optimizations sets recipe.trainer.plugins.grad_reduce_in_fp32 = False (and the
+# fp8 branch again after bf16_with_fp8_mixed()), so the DDP buffers hold bf16 gradients.
+_BF16_GRAD_SOURCES = frozenset({"dgxc-nemo25"})
 
 
 @dataclass(frozen=True, slots=True)
@@ -184,6 +189,9 @@ class MeasuredRun:
     measured_memory_gib: float | None = None  # peak memory the source measured (max reserved), GiB
     compiled: bool | None = None  # torch.compile on (torchtitan rows), None where not applicable
     plan: Any = None  # a user's run (autopar.validate.user_runs): the exact ParallelPlan it ran, nothing free
+    # (GPUs, global batch) of the smallest run of the same recipe table (same model, layout and settings at
+    # other GPU counts), where it is not this run: its free settings ran there too, so they must fit there.
+    series_tightest: tuple[int, int] | None = None
 
 
 class _Unusable(Exception):
@@ -441,6 +449,25 @@ def _dgxc_defaults(family: str, model: _RowModel) -> dict[str, Any]:
     return out
 
 
+# Hybrid rows give no layer pattern; the preset of the published config.json they name does, and is
+# used when its shape is the row's (layers, hidden, heads, kv heads, ffn, vocab).
+_HYBRID_PRESETS = {"nemotron-h 56b": "nemotron-h-56b"}
+
+
+def _hybrid_preset(row: _Row) -> str:
+    from autopar.model.presets import PRESET_NAMES, preset
+
+    name = next((p for key, p in _HYBRID_PRESETS.items() if key in row.model.name.lower()), None)
+    if name is None or name not in PRESET_NAMES:
+        raise _Unusable("hybrid Mamba-2/attention layers: no preset with the row's layer pattern")
+    spec, m = preset(name), row.model
+    shape = (spec.num_layers, spec.hidden_size, spec.num_attention_heads, spec.kv_heads, spec.ffn_hidden_size,
+             spec.vocab_size)
+    if shape != (m.num_layers, m.hidden_size, m.num_attention_heads, m.num_kv_heads, m.ffn_hidden_size, m.vocab_size):
+        raise _Unusable(f"hybrid layers: the row's shape is not preset {name}'s {shape}")
+    return name
+
+
 def _published_arch(row: _Row, source: str) -> dict[str, Any]:
     model = row.model
     arch: dict[str, Any] = {
@@ -618,9 +645,9 @@ def _published_fields(row: _Row) -> dict[str, Any]:
     """MeasuredRun fields of one published row (all but split); _Unusable if it cannot convert."""
     source = _source_of(row.id)
     degrees = _degrees(row)
-    if "hybrid" in row.model.name.lower() or "mamba" in row.model.name.lower():
-        raise _Unusable("hybrid Mamba-2/attention layers: the row gives no layer pattern to build")
     arch = _published_arch(row, source)
+    if "hybrid" in row.model.name.lower() or "mamba" in row.model.name.lower():
+        arch["model"] = _hybrid_preset(row)
     throughput = _CONVERTERS[source](row, arch)
     precision, precision_note = _precision(row.parallel.precision)
     zero_stage, zero_note = _zero_stage(row.parallel)
@@ -636,7 +663,7 @@ def _published_fields(row: _Row) -> dict[str, Any]:
         "measured_step_time_s": throughput.step_time_s, "conversion": throughput.conversion,
         "confidence": row.confidence, "notes": notes,
         "framework": _SOURCE_TO_FRAMEWORK.get(source, "megatron"), "framework_release": _SOURCE_TO_RELEASE.get(source),
-        "grad_reduce_in_bf16": row.id in _BF16_GRAD_RUNS,
+        "grad_reduce_in_bf16": row.id in _BF16_GRAD_RUNS or source in _BF16_GRAD_SOURCES,
         "measured_memory_gib": row.metrics.memory_gib,
         "compiled": _compiled(row) if source == "torchtitan-2412" else None,
     }
@@ -674,7 +701,31 @@ def _load_published(*paths: Path) -> tuple[list[MeasuredRun], list[tuple[str, st
             skipped.append((row.id, str(exc)))
     keys = [_published_group(fields) for fields in loaded]
     splits = _holdout_every(keys, list(dict.fromkeys(keys)), stride=3)
+    _mark_series(loaded)
     return [MeasuredRun(**fields, split=split) for fields, split in zip(loaded, splits)], skipped
+
+
+# Sources whose tables run one recipe at several GPU counts (dgxc-benchmarking: "weak scaling ... on
+# identical layouts", the calibration README): a setting the table leaves free (recompute, sequence
+# parallelism, TP overlap) is one setting for the whole table.
+_RECIPE_TABLE_SOURCES = ("dgxc-nemo24", "dgxc-nemo25")
+
+
+def _mark_series(loaded: list[dict[str, Any]]) -> None:
+    """Set series_tightest on each run of a recipe table that is not its table's smallest run."""
+    series: dict[tuple, list[dict[str, Any]]] = {}
+    for f in loaded:
+        if f["source"] not in _RECIPE_TABLE_SOURCES:
+            continue
+        key = (f["source"], f["source_detail"].split(" — ")[0], f["arch"]["num_layers"], f["arch"]["hidden_size"],
+               f["cluster"], f["seq_len"], f["precision"], f["tp"], f["pp"], f["cp"], f["ep"], f["etp"], f["vpp"],
+               f["micro_batch"], f["recompute"], f["sequence_parallel"], "_strong" in f["run_id"])
+        series.setdefault(key, []).append(f)
+    for members in series.values():
+        tightest = min(members, key=lambda f: f["num_gpus"])
+        for f in members:
+            if f["num_gpus"] != tightest["num_gpus"]:
+                f["series_tightest"] = (tightest["num_gpus"], tightest["global_batch"])
 
 
 # ---------------------------------------------------------------------------------------------

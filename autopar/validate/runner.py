@@ -199,19 +199,30 @@ MEASURED_RUN_MARGIN = 0.0
 
 
 def predict(run: MeasuredRun, p: CostParams) -> Prediction | None:
-    """The fastest fitting candidate's tokens/s/GPU (or the fastest overall if none fits)."""
+    """The fastest fitting candidate's tokens/s/GPU (or the fastest overall if none fits). A run of a
+    recipe table (MeasuredRun.series_tightest) prefers free settings that fit on the table's smallest
+    run too: one recipe ran at every GPU count of the table."""
     graph = _graph_for(run)
     cluster = _cluster_for(run.cluster, run.num_gpus)
+    tight = _cluster_for(run.cluster, run.series_tightest[0]) if run.series_tightest else None
     best = None
     for plan in candidate_plans(run, graph):
         e = estimate(graph, cluster, plan, p, MEASURED_RUN_MARGIN)
-        key = (e.fits, e.tokens_per_s_per_gpu)
+        # Prefer settings that also fit on the table's smallest run; where none does, the run's own fit decides.
+        table_fits = e.fits and (tight is None or _fits_at(graph, tight, plan, run.series_tightest[1], p))
+        key = (table_fits, e.fits, e.tokens_per_s_per_gpu)
         if best is None or key > best[0]:
             best = (key, plan, e.peak_memory_bytes)
     if best is None:
         return None
-    (fits, tps), plan, peak = best
+    (_, fits, tps), plan, peak = best
     return Prediction(run=run, predicted_tokens_per_s_per_gpu=tps, plan=plan, fits=fits, peak_memory_bytes=peak)
+
+
+def _fits_at(graph: ModelGraph, cluster: Cluster, plan: ParallelPlan, global_batch: int, p: CostParams) -> bool:
+    """Whether `plan`'s settings fit on the smallest run of its recipe table (MeasuredRun.series_tightest):
+    same layout, that run's GPUs and global batch."""
+    return estimate(graph, cluster, plan.changed(global_batch=global_batch), p, MEASURED_RUN_MARGIN).fits
 
 
 def summarize(preds: list[Prediction]) -> dict[str, float]:
