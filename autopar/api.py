@@ -233,9 +233,11 @@ def output_paths(file_names: list[str], out: str) -> list[str]:
 
 
 def imported_plan(from_megatron: str | None, from_deepspeed: str | None, gpus: int, seq_len: int | None,
-                  model: str, framework_default: Framework = Framework.MEGATRON) -> ParallelPlan:
+                  model: str, framework_default: Framework = Framework.MEGATRON, *,
+                  global_batch: int | None = None, mbs: int | None = None) -> ParallelPlan:
     """The plan of an existing Megatron command/script or DeepSpeed config. A Megatron script whose
-    model (layers, hidden size, heads) is not `model` is refused."""
+    model (layers, hidden size, heads) is not `model` is refused; a DeepSpeed config's "auto" batch
+    keys take `global_batch` and `mbs`."""
     from autopar.errors import SchemaError
     plan_from_megatron_args = framework_spec("megatron").import_function()
     plan_from_deepspeed_config = framework_spec("deepspeed").import_function()
@@ -248,7 +250,23 @@ def imported_plan(from_megatron: str | None, from_deepspeed: str | None, gpus: i
         check_same_model(fields, load_model(model).spec, model)
         return plan
     seq = seq_len or load_model(model).spec.seq_length
-    return plan_from_deepspeed_config(from_deepspeed, gpus, seq_len=seq)
+    return plan_from_deepspeed_config(from_deepspeed, gpus, seq_len=seq, global_batch=global_batch, mbs=mbs)
+
+
+def import_notes(from_megatron: str | None) -> list[str]:
+    """One-line notes on an import: the Megatron flags autopar did not read (listed in one line)."""
+    from autopar.export.importers import ignored_flags_note
+
+    note = ignored_flags_note(from_megatron) if from_megatron else None
+    return [note] if note else []
+
+
+def model_from_launch(from_megatron: str, name: str = "megatron-script"):
+    """The ModelSpec a Megatron command line or launch script describes (its shape, attention, MoE,
+    RoPE and norm flags), for scoring a script without naming its model."""
+    from autopar.export.importers import model_from_megatron_args
+
+    return model_from_megatron_args(from_megatron, name)
 
 
 _SHAPE_KEYS = (("num_layers", "layers"), ("hidden_size", "hidden size"), ("num_attention_heads", "heads"))
@@ -530,3 +548,25 @@ def profile_launch_command(launcher: str, nodes: int, gpus_per_node: int, out: s
 
     check_launch_options(nodes)
     return launch_command(launcher, nodes, gpus_per_node, out, extra)
+
+
+def log_runs(paths: list[str], cluster: str, *, model: str | None = None, framework: str | None = None,
+             seq_len: int | None = None) -> tuple[list[Any], list[dict[str, Any]]]:
+    """Measured runs from Megatron-LM, torchtitan or DeepSpeed training logs on `cluster` (a
+    MeasuredRun each, with the plan its log states), and what was read from each log
+    (autopar.logs.runs_from_logs): framework, release, steps used after warm-up, median step."""
+    from autopar.logs import runs_from_logs
+
+    return runs_from_logs(paths, cluster, model=model, framework=framework, seq_len=seq_len)
+
+
+def validate_logs(paths: list[str], cluster: str, *, model: str | None = None, framework: str | None = None,
+                  seq_len: int | None = None, cost_model: str | None = None) -> dict[str, Any]:
+    """`validate --from-log`: each log's run predicted with the plan it states; validate's rows and
+    summaries, plus `logs` (what was read from each) and `warmup_rule`."""
+    from autopar.logs import WARMUP_RULE
+    from autopar.validate.report import validate_stated
+
+    runs, read = log_runs(paths, cluster, model=model, framework=framework, seq_len=seq_len)
+    result = validate_stated(runs, cost_model)
+    return {**result, "logs": read, "warmup_rule": WARMUP_RULE}

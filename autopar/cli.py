@@ -434,7 +434,10 @@ def estimate(
 
     def run():
         if from_megatron or from_deepspeed:
-            plan = api.imported_plan(from_megatron, from_deepspeed, gpus, seq_len, model)
+            plan = api.imported_plan(from_megatron, from_deepspeed, gpus, seq_len, model,
+                                     global_batch=global_batch, mbs=mbs)
+            for note in api.import_notes(from_megatron):
+                print_warning(note)
             return plan, api.estimate_plan(model, cluster, gpus, plan, cost_model, memory_margin)
         if global_batch is None:
             raise AutoparError("--global-batch is required (or import a config with --from-megatron/--from-deepspeed)")
@@ -461,6 +464,36 @@ def estimate(
             tables.print_run(out, whole)
 
 
+FromLogOpt = Annotated[Optional[list[str]], typer.Option("--from-log", help="A Megatron-LM, torchtitan or DeepSpeed training log (repeatable): its plan from the logged arguments or config, its step time the median over the logged steps after warm-up (the first max(2, 10 %) dropped), its peak memory where the log has it.")]
+LogClusterOpt = Annotated[Optional[str], typer.Option("--cluster", "-c", help="With --from-log: the cluster profile (name or YAML) the logged runs ran on; logs do not record the hardware.")]
+LogModelOpt = Annotated[Optional[str], typer.Option("--model", help="With --from-log: the model the logs train; default: the preset the logged arguments (Megatron-LM) or model name (torchtitan) match. DeepSpeed logs need it.")]
+LogFrameworkOpt = Annotated[Optional[str], typer.Option("--framework", help="With --from-log: megatron, torchtitan or deepspeed, the framework that wrote the logs (a log of another is refused); default: recognised from each log.", callback=_choice(Framework, "--framework"))]
+LogSeqOpt = Annotated[Optional[int], typer.Option("--seq-len", "-s", min=1, max=MAX_SEQ_LEN, help="With --from-log: the sequence length of DeepSpeed runs, which their config does not record; default: the model's.")]
+
+
+def _log_options(ctx: typer.Context, from_log: list[str] | None, cluster: str | None, model: str | None,
+                 framework: Any, seq_len: int | None) -> dict[str, Any]:
+    """The keywords of api.log_runs; without --from-log, its options are refused as unused."""
+    if not from_log:
+        _refuse_unused(ctx, ("log_cluster", "log_model", "log_framework", "log_seq_len"),
+                       ("applies only with --from-log", "apply only with --from-log"), "add --from-log LOG")
+        return {}
+    if cluster is None:
+        fail("--from-log needs --cluster: a training log does not record the hardware it ran on; add --cluster NAME "
+             "(see `autopar clusters`) or a profile YAML")
+    return {"cluster": cluster, "model": model, "seq_len": seq_len,
+            "framework": None if framework is None else str(getattr(framework, "value", framework))}
+
+
+def _print_logs_read(read: list[dict[str, Any]], rule: str) -> None:
+    """One line per training log: what was recognised and the step time kept."""
+    for r in read:
+        out.print(f"{r['log']}: {r['framework']} {r['release']}, {r['model']} on {r['gpus']} GPUs, "
+                  f"{r['steps_used']} of {r['step_lines']} step lines, median step {r['measured_step_time_s']:.4g} s"
+                  + (f", peak memory {r['peak_memory_gib']:.1f} GiB" if r["peak_memory_gib"] else ""))
+    out.print(f"warm-up: {rule}")
+
+
 @app.command()
 def validate(
     ctx: typer.Context,
@@ -471,9 +504,29 @@ def validate(
     leave_one_source_out: Annotated[bool, typer.Option("--leave-one-source-out", help="For every source, refit the cost model without it and score that source: the error to expect on a new source.")] = False,
     iters: Annotated[int, typer.Option("--iters", help="Nelder-Mead iterations of each leave-one-source-out refit (fewer is faster and rougher).", min=0, max=10000)] = 40,
     runs: Annotated[Optional[str], typer.Option("--runs", help="Instead of the shipped runs, a runs YAML of your own measured runs (format: autopar/schema/runs.py, as for `autopar calibrate`): each is predicted with the plan it states, and its error reported by source, regime and framework, with peak memory where you give it.")] = None,
+    from_log: FromLogOpt = None,
+    log_cluster: LogClusterOpt = None,
+    log_model: LogModelOpt = None,
+    log_framework: LogFrameworkOpt = None,
+    log_seq_len: LogSeqOpt = None,
     as_json: JsonOpt = False,
 ) -> None:
-    """Compare predicted with measured tokens/s/GPU on the shipped measured runs, or on your own (--runs)."""
+    """Compare predicted with measured tokens/s/GPU on the shipped measured runs, or on your own (--runs, --from-log)."""
+    if from_log:
+        _refuse_unused(ctx, ("runs", "split", "source", "leave_one_source_out", "iters"),
+                       tuple(f"{verb} the runs to score, and --from-log scores the runs of its logs"
+                             for verb in ("selects", "select")))
+        if as_json:
+            _refuse_unused(ctx, ("summary_only",), "shortens the tables, and --json prints every run")
+        kw = _log_options(ctx, from_log, log_cluster, log_model, log_framework, log_seq_len)
+        result = _run(lambda: api.validate_logs(from_log, **kw, cost_model=cost_model))
+        if as_json:
+            _emit_json(result)
+            return
+        _print_logs_read(result["logs"], result["warmup_rule"])
+        tables.print_validate(out, result, rows=not summary_only)
+        return
+    _log_options(ctx, from_log, log_cluster, log_model, log_framework, log_seq_len)
     if runs is not None:
         given = [p.opts[0] for p in ctx.command.params if p.name in ("split", "source", "leave_one_source_out", "iters")
                  and ctx.get_parameter_source(p.name) is click.core.ParameterSource.COMMANDLINE]
@@ -521,10 +574,24 @@ def calibrate(
     derive_as: Annotated[Optional[str], typer.Option("--derive-as", help="Instead of fitting, copy the base model's efficiencies under this name (for GPUs without measured runs).")] = None,
     derive_gpus: Annotated[Optional[str], typer.Option("--derive-gpus", help="With --derive-as: comma-separated GPU names (as in hardware profiles) it applies to.")] = None,
     reason: Annotated[str, typer.Option("--reason", help="With --derive-as: why the base applies, recorded in the file.")] = "",
+    from_log: FromLogOpt = None,
+    log_cluster: LogClusterOpt = None,
+    log_model: LogModelOpt = None,
+    log_framework: LogFrameworkOpt = None,
+    log_seq_len: LogSeqOpt = None,
     force: ForceOpt = False,
     as_json: JsonOpt = False,
 ) -> None:
-    """Fit a cost model's efficiencies to measured runs and write it with its provenance."""
+    """Fit a cost model's efficiencies to measured runs (builtin, a runs file, or training logs with
+    --from-log) and write it with its provenance."""
+    if from_log:
+        if runs != "builtin":
+            fail(f"give a runs file ({clip(runs)!r}) or --from-log, not both; fit on one, or write the logs' runs "
+                 "into the runs file")
+        _refuse_unused(ctx, ("derive_as", "derive_gpus", "reason", "gpu", "rounds"),
+                       tuple(f"{verb} a fit of other runs, and --from-log fits the logs' runs in one round"
+                             for verb in ("shapes", "shape")))
+    log_kw = _log_options(ctx, from_log, log_cluster, log_model, log_framework, log_seq_len)
     if derive_as:
         if runs != "builtin":
             fail(f"--derive-as copies the base file's efficiencies without fitting, so the runs file {clip(runs)!r} "
@@ -539,17 +606,18 @@ def calibrate(
                                                          "a runs file is fitted in one round to the runs it holds"
                                                          for verb in ("shapes", "shape")))
     command = "autopar calibrate " + " ".join(sys.argv[2:])
-    inputs = _inputs(None if runs == "builtin" else runs, base)
+    inputs = _inputs(None if runs == "builtin" else runs, base, *(from_log or []))
     _check_outputs([out_path], force, inputs)
 
     def run():
         if derive_as:
             return api.derive_cost_model(base or "a100", derive_as, [g.strip() for g in (derive_gpus or "").split(",")
                                                            if g.strip()], command, reason)
-        if runs != "builtin":
-            fitted, loo = api.calibrate_runs(runs, base, command, iters=iters)
+        if runs != "builtin" or from_log:
+            stated = api.log_runs(from_log, **log_kw)[0] if from_log else runs  # a runs file, or the logs' runs
+            fitted, loo = api.calibrate_runs(stated, base, command, iters=iters)
             leave_one_out.extend(loo)
-            uncalibrated.append(api.uncalibrated_error(runs, base))
+            uncalibrated.append(api.uncalibrated_error(stated, base))
             if not as_json:
                 held = "leave-one-out" if len(loo) <= MAX_HELD_OUT_FITS else f"{MAX_HELD_OUT_FITS}-fold held-out"
                 for run_id, e in loo:

@@ -12,7 +12,7 @@ from __future__ import annotations
 import math
 from dataclasses import dataclass
 from datetime import date
-from typing import Callable, Sequence
+from typing import Any, Callable, Sequence
 
 import numpy as np
 
@@ -221,6 +221,9 @@ FREE_FOR_GPU = {
              "layer_launch_floor_us", "intra_node", "inter_node", "collective_overhead_us",
              "deepspeed.gemm_max", "deepspeed.inter_node"],
     "h100": ["gemm_max", "fp8_speedup", "inter_node", "torchtitan.gemm_max", "torchtitan.fp8_speedup"],
+    # GB200: the dgxc recipe tables of 2025 (NeMo 25.04) on GB200 NVL72 fix Blackwell's achieved GEMM rate
+    # and fp8 gain; attention comes from the file's kernel table (FlashAttention-4 paper), the rest from H100.
+    "gb200": ["gemm_max", "fp8_speedup"],
 }
 # H100's HBM efficiency is measured, not fitted: fitted, it sat at its lower bound 0.5 (elementwise
 # work is a few percent of a Megatron step, so the fit used it as a spare knob), which prices
@@ -237,14 +240,17 @@ FREE_FOR_GPU = {
 LOSO_FREE_FOR_GPU = {
     "a100": ["gemm_max", "inter_node", "deepspeed.gemm_max", "deepspeed.inter_node"],
     "h100": ["gemm_max", "inter_node", "fp8_speedup", "torchtitan.gemm_max", "torchtitan.fp8_speedup"],
+    "gb200": ["gemm_max", "fp8_speedup"],
 }
 CLUSTERS_FOR_GPU = {"a100": ("vtrain-a100", "dgx-a100-80gb", "dgx-a100-40gb"),
-                    "h100": ("dgx-h100", "grandteton-h100-96gb")}
+                    "h100": ("dgx-h100", "grandteton-h100-96gb"), "gb200": ("gb200-nvl72",)}
 _A100_FLASH_NOTE = ("The A100 runs all use unfused attention; flash-attention rates come from the file's "
                     "attention_kernels table (FlashAttention-2 paper), not from the fit.")
 _H100_FLASH_NOTE = ("Attention rates per kernel family (fa2, cudnn, fa3) come from the file's attention_kernels "
                     "table (FlashAttention-3 paper figures), not from the fit; the framework profile picks the "
                     "family (autopar/frameworks/).")
+_GB200_FLASH_NOTE = ("Attention rates per kernel family (cudnn, fa4, fa2) come from the file's attention_kernels "
+                     "table (FlashAttention-4 paper, B200), not from the fit.")
 VTRAIN_SINGLE_FIT_STRIDE = 4  # fit on every 4th single-node fit row: 225 rows carry its shapes
 
 
@@ -303,7 +309,7 @@ def calibrate_builtin(gpu: str, base: CostModelFile, command: str, rounds: int =
              "Fitted on every split; the error to expect on a new source is the leave-one-source-out one "
              "(`autopar validate --leave-one-source-out`, README). "
              f"Base file: {base.name} ({base.provenance.method}: {base.provenance.command}). "
-             + (_A100_FLASH_NOTE if gpu == "a100" else _H100_FLASH_NOTE))
+             + (_A100_FLASH_NOTE if gpu == "a100" else _GB200_FLASH_NOTE if gpu == "gb200" else _H100_FLASH_NOTE))
     stamped = stamp(fitted, command, sources, notes, report)
     return stamped.model_copy(update={"constant_sources": constant_sources(stamped, free, fit_runs, command, gpu)})
 
@@ -493,7 +499,7 @@ def calibrate_user(runs_path: str, base: CostModelFile | None, command: str, fre
     that model ("h100-calibrated") and applies to the runs' GPUs alone (its `gpus`)."""
     from autopar.cost.params import load_cost_model
 
-    runs = load_user_runs(runs_path)
+    runs = stated_runs(runs_path)
     check_calibration_steps(len(runs), iters)
     gpus = runs_gpus(runs)
     shipped = base_for_gpus(gpus) if base is None else _shipped_base(gpus)
@@ -522,7 +528,20 @@ def calibrate_user(runs_path: str, base: CostModelFile | None, command: str, fre
     family = load_cost_model(shipped)[0].gpus if shipped else []
     fitted = result.file.model_copy(update={"name": f"{shipped or base.name}-calibrated",
                                             "gpus": sorted({*gpus, *family})})
-    return stamp(fitted, command, [f"runs file {runs_path}"], notes, report), loo
+    return stamp(fitted, command, [runs_source(runs_path)], notes, report), loo
+
+
+def stated_runs(runs_path: str | Sequence[Any]) -> list[Any]:
+    """The runs of a runs YAML, or MeasuredRun records given as they are (autopar.logs' runs from
+    training logs)."""
+    return load_user_runs(runs_path) if isinstance(runs_path, str) else list(runs_path)
+
+
+def runs_source(runs_path: str | Sequence[Any]) -> str:
+    """The provenance line of the runs: the runs file, or the training logs they were read from."""
+    if isinstance(runs_path, str):
+        return f"runs file {runs_path}"
+    return "training logs: " + "; ".join(r.source_detail for r in runs_path)
 
 
 def _shipped_base(gpus: Sequence[str]) -> str | None:
@@ -538,6 +557,6 @@ def uncalibrated_mape(runs_path: str, base: CostModelFile | None) -> float | Non
     what a calibration's held-out error must beat to be worth using."""
     from autopar.cost.params import load_cost_model
 
-    runs = load_user_runs(runs_path)
+    runs = stated_runs(runs_path)
     base = base if base is not None else load_cost_model(base_for_gpus(runs_gpus(runs)))[0]
     return _mape(runs, params_from_file(base))

@@ -40,9 +40,16 @@ def validate_runs(path: str, cost_model: str | None = None) -> dict[str, Any]:
     with exactly the plan it states; the same rows and summaries as `validate`, plus `runs_file`."""
     from autopar.validate.user_runs import load_user_runs
 
-    preds = [predict(run, _params_for(run, cost_model)) for run in load_user_runs(path)]
-    result = _report([pr for pr in preds if pr is not None], "all", [])
+    result = validate_stated(load_user_runs(path), cost_model)
     result["runs_file"] = path
+    return result
+
+
+def validate_stated(runs: list[MeasuredRun], cost_model: str | None = None) -> dict[str, Any]:
+    """Runs that state their plan (a runs file's, or training logs' through autopar.logs), each
+    predicted with exactly that plan: validate's rows and summaries."""
+    preds = [predict(run, _params_for(run, cost_model)) for run in runs]
+    result = _report([pr for pr in preds if pr is not None], "all", [])
     result["method"] = ("tokens/s/GPU predicted for the plan each run states (estimate's defaults for what it leaves "
                         "out); error = (predicted - measured) / measured")
     return result

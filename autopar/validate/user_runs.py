@@ -81,27 +81,36 @@ def user_plan(u: Any) -> Any:
 
 
 def _measured_run(u: Any, run_id: str, path: str) -> MeasuredRun:
+    return measured_run(user_plan(u), u.model, u.cluster, u.gpus, run_id=run_id, source=u.source or "user",
+                        source_detail=u.source or path, step_time_s=u.step_time_s,
+                        tokens_per_s_per_gpu=u.tokens_per_s_per_gpu, peak_memory_gib=u.peak_memory_gib)
+
+
+def measured_run(plan: Any, model: str, cluster: str, gpus: int, *, run_id: str, source: str, source_detail: str,
+                 step_time_s: float | None = None, tokens_per_s_per_gpu: float | None = None,
+                 peak_memory_gib: float | None = None) -> MeasuredRun:
+    """The MeasuredRun of a stated plan (a runs file's, or one read from a training log by
+    autopar.logs), its layout checked on the cluster; give the speed as one of the two."""
     from autopar.cost.layout import check_layout
     from autopar.hardware import load_cluster
     from autopar.model import load_model
 
-    plan = user_plan(u)
-    graph = load_model(u.model)
-    check_layout(plan, load_cluster(u.cluster, u.gpus), graph)
-    if u.step_time_s is not None:
-        tokens_per_s_per_gpu = u.global_batch * u.seq_len / u.step_time_s / u.gpus
-        step_s, conversion = u.step_time_s, "B·s / step time / GPUs"
+    graph = load_model(model)
+    check_layout(plan, load_cluster(cluster, gpus), graph)
+    tokens = plan.global_batch * plan.seq_len
+    if step_time_s is not None:
+        tokens_per_s_per_gpu = tokens / step_time_s / gpus
+        step_s, conversion = step_time_s, "B·s / step time / GPUs"
     else:
-        tokens_per_s_per_gpu = u.tokens_per_s_per_gpu
-        step_s, conversion = u.global_batch * u.seq_len / (u.tokens_per_s_per_gpu * u.gpus), "tokens/s/GPU as measured"
+        step_s, conversion = tokens / (tokens_per_s_per_gpu * gpus), "tokens/s/GPU as measured"
     return MeasuredRun(
-        run_id=run_id, source=u.source or "user", source_detail=u.source or path,
-        arch={"model": u.model, "moe": bool(graph.spec.moe) or None}, cluster=u.cluster, num_gpus=u.gpus,
-        seq_len=u.seq_len, global_batch=u.global_batch, micro_batch=plan.mbs, tp=plan.tp, pp=plan.pp,
-        dp=u.gpus // plan.model_parallel_size(), cp=plan.cp, ep=plan.ep, etp=plan.expert_tp, vpp=plan.vpp,
+        run_id=run_id, source=source, source_detail=source_detail,
+        arch={"model": model, "moe": bool(graph.spec.moe) or None}, cluster=cluster, num_gpus=gpus,
+        seq_len=plan.seq_len, global_batch=plan.global_batch, micro_batch=plan.mbs, tp=plan.tp, pp=plan.pp,
+        dp=gpus // plan.model_parallel_size(), cp=plan.cp, ep=plan.ep, etp=plan.expert_tp, vpp=plan.vpp,
         sequence_parallel=plan.sequence_parallel, recompute=plan.recompute.mode.value, zero_stage=plan.zero,
         precision=plan.precision.value, measured_tokens_per_s_per_gpu=tokens_per_s_per_gpu,
         measured_step_time_s=step_s, conversion=conversion, confidence="user", split="fit",
         framework=plan.framework.value, framework_release=plan.framework_release,
-        grad_reduce_in_bf16=plan.grad_reduce_in_bf16, measured_memory_gib=u.peak_memory_gib,
+        grad_reduce_in_bf16=plan.grad_reduce_in_bf16, measured_memory_gib=peak_memory_gib,
         compiled=plan.torch_compile, plan=plan)
