@@ -10,7 +10,9 @@ family (vTrain's single-node set thinned to every `single_stride`-th run). A fra
 runs are withheld loses its own efficiencies (they fall back to Megatron's), since its shipped
 values were fitted on the withheld runs. Shape and overhead terms (GEMM half-dim, launch floor)
 keep their shipped values: the refit is of the efficiencies a new source would shift. H800 runs
-use the refitted H100 efficiencies, as the shipped h800 model is derived from h100.
+use the refitted H100 efficiencies, as the shipped h800 model is derived from h100. GB200 runs are
+refitted on the other GB200 runs; when every GB200 run is withheld (they are all one source's), the
+gb200 model keeps its own kernel tables and takes the H100 refit's efficiencies (_TRANSFER_FROM).
 
 Summary (APE = |predicted − measured| / measured, in percent): `median_ape` and `p90_ape` are
 percentiles over all withheld runs with each source weighted equally (a source's runs share its
@@ -28,7 +30,9 @@ from pathlib import Path
 from statistics import median
 from typing import Any
 
-from autopar.calibration.fit import LOSO_FREE_FOR_GPU, builtin_fit_runs, fit, fittable, without_frameworks
+from autopar.calibration.fit import (
+    LOSO_FREE_FOR_GPU, _field, builtin_fit_runs, fit, fittable, with_values, without_frameworks,
+)
 from autopar.calibration.trust import (
     BAND_COVERAGE_TARGET, MIN_BAND_SOURCES, Residual, Scored, calibrate_bands, rank_accuracy,
 )
@@ -40,24 +44,36 @@ from autopar.validate.regimes import REGIMES
 from autopar.validate.report import run_regimes
 from autopar.validate.runner import Prediction, predict
 
-_FAMILY_OF_CLUSTER = {"vtrain-a100": "a100", "dgx-a100-80gb": "a100", "dgx-a100-40gb": "a100"}
+_FAMILY_OF_CLUSTER = {"vtrain-a100": "a100", "dgx-a100-80gb": "a100", "dgx-a100-40gb": "a100", "gb200-nvl72": "gb200"}
+# A family whose every run is withheld takes its fitted efficiencies from this older family's refit
+# (the same achieved fractions of its own peaks), keeping its own kernel tables and datasheet: what a
+# user planning for new hardware has before its first run.
+_TRANSFER_FROM = {"gb200": "h100"}
 
 
 def gpu_family(cluster: str) -> str:
-    """a100 for the A100 clusters, h100 (whose fit the H800/H200 models derive from) otherwise."""
+    """a100 for the A100 clusters, gb200 for GB200 NVL72, h100 (whose fit the H800/H200 models derive
+    from) otherwise."""
     return _FAMILY_OF_CLUSTER.get(cluster, "h100")
 
 
 def refit_without(source: str, family: str, iters: int, single_stride: int):
     """The `family` cost model refitted with every run of `source` withheld (CostParams)."""
+    return params_from_file(_refit_file(source, family, iters, single_stride))
+
+
+def _refit_file(source: str, family: str, iters: int, single_stride: int):
     base, _ = load_cost_model(family)
     runs = builtin_fit_runs(family, split=None, exclude_sources=frozenset({source}), single_stride=single_stride)
     orphaned = {fw for fw in base.frameworks if not any(r.framework == fw for r in runs)}
     base = without_frameworks(base, orphaned)
+    if not runs and family in _TRANSFER_FROM:  # the shipped fit saw only the withheld source's runs
+        donor = _refit_file(source, _TRANSFER_FROM[family], iters, single_stride)
+        return with_values(base, {name: _field(donor, name) for name in LOSO_FREE_FOR_GPU[family]})
     free = fittable(LOSO_FREE_FOR_GPU[family], runs)
     if not runs or not free or iters <= 0:
-        return params_from_file(base)
-    return params_from_file(fit(runs, base, free, rounds=1, iters=iters).file)
+        return base
+    return fit(runs, base, free, rounds=1, iters=iters).file
 
 
 def leave_one_source_out(iters: int = 40, single_stride: int = 16, sources: set[str] | None = None,

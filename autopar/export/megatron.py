@@ -30,6 +30,7 @@ from __future__ import annotations
 from autopar.errors import ExportError
 from autopar.export.common import (TORCHRUN, bash_array, checkpoint_schedule, cluster_block, comment_safe, header,
                                    layer_counts, plan_layout, refuse, require_exportable)
+from autopar.export.fabric import fabric_block, fabric_refusals
 from autopar.export.megatron_rules import format_layout, megatron_notes, megatron_violations
 from autopar.schema.model import ModelSpec, MoESpec
 from autopar.schema.plan import ParallelPlan, Precision, RecomputeMode
@@ -40,6 +41,12 @@ CP_COMM_TYPES = {"p2p": "p2p", "a2a": "a2a", "allgather": "all_gather"}
 FP8_ARGS = ("--fp8-format", "hybrid", "--fp8-amax-history-len", "1024", "--fp8-amax-compute-algo", "max")
 
 
+# Block-scaled recipes (megatron/training/arguments.py, core_r0.14+: --fp8-recipe {tensorwise, delayed,
+# mxfp8, blockwise}, --fp4-format e2m1 with --fp4-recipe nvfp4): MXFP8 quantizes every GEMM operand
+# in E4M3 with a per-32 E8M0 scale (Transformer Engine MXFP8BlockScaling); NVFP4 is E2M1 with a
+# per-16 E4M3 scale (NVFP4BlockScaling: random Hadamard transforms on the wgrad inputs, 2D weight blocks).
+PRECISION_ARGS = {"fp8": FP8_ARGS, "mxfp8": ("--fp8-format", "e4m3", "--fp8-recipe", "mxfp8"),
+                  "nvfp4": ("--fp4-format", "e2m1", "--fp4-recipe", "nvfp4")}
 def _model_args(spec: ModelSpec, plan: ParallelPlan) -> list[str]:
     args = ["--num-layers", str(spec.num_layers), "--hidden-size", str(spec.hidden_size),
             "--ffn-hidden-size", str(spec.ffn_hidden_size), "--num-attention-heads", str(spec.num_attention_heads)]
@@ -253,8 +260,7 @@ def _recompute_args(plan: ParallelPlan) -> list[str]:
 
 def _step_args(plan: ParallelPlan) -> list[str]:
     args = ["--micro-batch-size", str(plan.mbs), "--global-batch-size", str(plan.global_batch), "--bf16"]
-    if plan.precision == Precision.FP8:
-        args += list(FP8_ARGS)
+    args += list(PRECISION_ARGS.get(str(plan.precision), ()))
     if plan.overlap_grad_reduce:
         args.append("--overlap-grad-reduce")
     if plan.overlap_param_gather:
@@ -327,3 +333,6 @@ def export_megatron(pf: PlanFile) -> str:
     refs = " ".join(f'"${{{name}[@]}}"' for name, _ in groups)
     parts.append(f'{TORCHRUN} \\\n    "$MEGATRON_LM_DIR/pretrain_gpt.py" \\\n    {refs} "${{RUN_ARGS[@]}}"')
     return "\n\n".join(parts) + "\n"
+    refuse("megatron", fabric_refusals(pf, plan))
+    fabric = fabric_block(pf, plan)
+    parts += [fabric] if fabric else []

@@ -42,6 +42,7 @@ from autopar.export.common import (TORCHRUN, bash_array, checkpoint_schedule, cl
 from autopar.frameworks import plan_refusals
 from autopar.frameworks.torchtitan import FLAVOURS, Flavour, flavour_for, no_flavour_reason  # noqa: F401 (re-exported)
 from autopar.schema.model import ModelSpec
+from autopar.export.fabric import fabric_block
 from autopar.schema.plan import ParallelPlan
 from autopar.schema.plan_file import PlanFile
 
@@ -281,7 +282,7 @@ def export_torchtitan(pf: PlanFile) -> str:
     note = balance_note(pf.target.model_spec)
     parts = [header(pf, "torchtitan", "torchtitan launch"), *([f"# Note: {comment_safe(note)}."] if note else []),
              settings,
-             cluster_block(pf, 29500), _PYTHONPATH,
+             cluster_block(pf, 29500), *filter(None, [fabric_block(pf, pf.parallel)]), _PYTHONPATH,
              bash_array("PLAN_ARGS", args[:-1]), bash_array("RUN_ARGS", [*_RUN_ARGS, *checkpoint]),
              f'{TORCHRUN} \\\n    -m torchtitan.train "${{PLAN_ARGS[@]}}" "${{RUN_ARGS[@]}}" {args[-1]}']
     return "\n\n".join(parts) + "\n"
