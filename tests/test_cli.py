@@ -74,7 +74,7 @@ BAD = [
     (("estimate", "llama3-8b", "-c", "dgx-h100", "-n", "8", "-b", "9", "--tp", "8", "--mbs", "2"), "global batch 9"),
     (("estimate", "llama3-8b", "-c", "dgx-h100", "-n", "8", "-b", "8", "--vpp", "2"), "vpp 2 needs pp > 1"),
     (("estimate", "llama3-8b", "-c", "dgx-h100", "-n", "8", "-b", "8", "--sp"), "sequence parallelism needs tp > 1"),
-    (("estimate", "llama3-8b", "-c", "dgx-h100", "-n", "16", "-b", "16", "--tp", "16"), "tensor parallelism must stay in a node"),
+    (("estimate", "llama3-8b", "-c", "dgx-h100", "-n", "16", "-b", "16", "--tp", "16"), "tensor parallelism must stay inside it"),
     (("estimate", "llama3-8b", "-c", "dgx-h100", "-n", "8", "-b", "8", "--recompute", "some"), "--recompute"),
     (("estimate", "llama3-8b", "-c", "dgx-h100", "-n", "8", "-b", "8", "--mbs", "0"), "mbs"),
     (("estimate", "llama3-8b", "-c", "dgx-h100", "-n", "8", "-b", "8", "--ep", "2"), "dense"),

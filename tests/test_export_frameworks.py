@@ -167,6 +167,61 @@ def test_megatron_core_accepts_the_export(name, mcore, fake_world):
         destroy_num_microbatches_calculator()
 
 
+def _cluster_pf(model: str, cluster: str, gpus: int, **plan):
+    from autopar.api import load_model
+    from autopar.schema.plan import ParallelPlan
+    from autopar.schema.plan_file import PlanFile, PlanTarget
+
+    return PlanFile(autopar_version="0.1.0", parallel=ParallelPlan(**plan),
+                    target=PlanTarget(model=model, model_spec=load_model(model).spec, cluster=cluster, gpus=gpus))
+
+
+# Exports for the clusters of 2026 (issue 29): NVL72 racks, AMD Instinct, Blackwell's block-scaled recipes.
+CLUSTER_PLANS = {
+    "gpt3-175b tp16 on 512 GB200 NVL72": lambda: _cluster_pf("gpt3-175b", "gb200-nvl72", 512, tp=16, pp=8, global_batch=512,
+                                                        seq_len=2048),
+    "deepseek-v3 ep64 on 256 GB200": lambda: _cluster_pf("deepseek-v3", "gb200-nvl72", 256, tp=2, pp=2, ep=64, etp=1,
+                                                         global_batch=4096, seq_len=4096),
+    "llama3-70b fp8 on 64 MI300X": lambda: _cluster_pf("llama3-70b", "mi300x", 64, tp=8, pp=2, global_batch=128,
+                                                       seq_len=8192, precision="fp8"),
+    "llama3-70b mxfp8 on 64 MI355X": lambda: _cluster_pf("llama3-70b", "mi355x", 64, tp=4, pp=2, global_batch=128,
+                                                         seq_len=8192, precision="mxfp8"),
+    "llama3-70b nvfp4 on 64 GB300": lambda: _cluster_pf("llama3-70b", "gb300-nvl72", 64, tp=4, pp=2, global_batch=128,
+                                                        seq_len=8192, precision="nvfp4"),
+}
+
+
+@pytest.mark.parametrize("name", list(CLUSTER_PLANS))
+def test_megatron_core_accepts_the_cluster_exports(name, mcore, fake_world):
+    """megatron-core builds the exported config (its fp8 / fp4 recipe checks in __post_init__ included)
+    and initializes every parallel group on the planned world."""
+    from megatron.core import parallel_state as ps
+
+    pf = CLUSTER_PLANS[name]()
+    plan, gpus = pf.parallel, pf.target.gpus
+    a = parse_megatron_argv(megatron_args(pf))
+    config = transformer_config(a)
+    if a["fp4"]:  # TransformerConfig's own recipe fields, as core_transformer_config_from_args passes them
+        from megatron.core.transformer import TransformerConfig
+
+        assert a["fp8"] is None and (a["fp4"], a["fp4_recipe"]) == ("e2m1", "nvfp4")
+        config = TransformerConfig(**{**{k: getattr(config, k) for k in ("num_layers", "hidden_size",
+                                                                         "num_attention_heads", "ffn_hidden_size")},
+                                      "fp4": a["fp4"], "fp4_recipe": a["fp4_recipe"], "bf16": True})
+    if a["fp8_recipe"] == "mxfp8":
+        from megatron.core.transformer import TransformerConfig
+
+        assert a["fp8"] == "e4m3"
+        TransformerConfig(num_layers=2, hidden_size=64, num_attention_heads=4, fp8=a["fp8"], fp8_recipe="mxfp8",
+                          bf16=True)
+    assert megatron_violations(megatron_args(pf), gpus) == []
+    fake_world(gpus)
+    initialize(a, transformer_config(a), gpus)
+    assert ps.get_tensor_model_parallel_world_size() == plan.tp
+    assert ps.get_expert_model_parallel_world_size() == plan.ep
+    assert ps.get_data_parallel_world_size() == plan.dp_for(gpus)
+
+
 @pytest.mark.parametrize("name", ["megatron-fsdp zero3", "megatron-fsdp zero2 hsdp"])
 def test_megatron_fsdp_export_builds_megatron_cores_ddp_config(name, mcore):
     """zero 2/3 under Megatron: the flags megatron/training builds DistributedDataParallelConfig

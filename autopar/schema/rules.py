@@ -184,9 +184,8 @@ RULES: tuple[Rule, ...] = (
                       f"{', '.join(framework_spec(p.framework).release_names) or 'none'}); leave framework_release "
                       "unset"),
     Rule("tp within the scale-up domain", ("tp",), lambda c, p: not (c.gpus_per_node and p.tp > c.gpus_per_node),
-         lambda c, p: f"tp {p.tp} exceeds the {c.gpus_per_node} GPUs of the scale-up domain (the GPUs sharing NVLink "
-                      "or Infinity Fabric that the job fills); tensor parallelism must stay inside it: use a tp of at "
-                      f"most {c.gpus_per_node}"),
+         lambda c, p: f"tp {p.tp} exceeds the {c.gpus_per_node} GPUs of the scale-up domain; tensor parallelism "
+                      f"must stay inside it (tp <= {c.gpus_per_node})"),
 )
 
 
