@@ -208,3 +208,51 @@ def test_a_hung_rank_is_named_within_the_timeout(tmp_path):
     lines = [line for line in _error_lines(out0) if line.startswith("error: rank 0:")]
     assert lines and "rank 1 did not reach" in lines[0] and "within 6 s" in lines[0], out0 + out1
     assert not (tmp_path / "c.yaml").exists() and not (tmp_path / "c.cost.json").exists()
+
+
+def test_a_dead_rank_is_named_within_the_timeout(tmp_path):
+    """Rank 3 (node 1) exits before the first benchmark; rank 0 names it. The exit is injected by a
+    wrapper that replaces the hang hook, so the product has no dying knob."""
+    pytest.importorskip("torch")
+    wrapper = tmp_path / "die.py"
+    wrapper.write_text("import os, sys\nimport autopar.distributed_profile as dp\n"
+                       "dp._hang_here = lambda launch: os._exit(1) if launch.rank == 3 else None\n"
+                       "from autopar.cli import entry\n"
+                       "sys.argv = ['autopar', *sys.argv[1:]]\nentry()\n")
+    port = _free_port()
+    env = {**os.environ, "OMP_NUM_THREADS": "1"}
+    procs = [subprocess.Popen([sys.executable, "-m", "torch.distributed.run", "--nnodes", "2", "--node-rank", str(node),
+                               "--nproc-per-node", "2", "--master-addr", "127.0.0.1", "--master-port", str(port),
+                               str(wrapper), "profile", "--distributed", "--quick", "--out", str(tmp_path / "c.yaml"),
+                               "--timeout", "6"], cwd=tmp_path, env=env, stdout=subprocess.PIPE,
+                              stderr=subprocess.STDOUT, text=True) for node in (0, 1)]
+    outs = [p.communicate(timeout=150)[0] for p in procs]
+    lines = [line for line in _error_lines(outs[0]) if line.startswith("error: rank 0:")]
+    assert lines and "rank 3 did not reach" in lines[0], outs[0] + outs[1]
+    assert not (tmp_path / "c.yaml").exists() and not (tmp_path / "c.cost.json").exists()
+
+
+def test_a_profile_that_names_its_cost_model_is_planned_with_it(tmp_path):
+    """plan/estimate/validate --cluster FILE read the cost model FILE names (relative to it) unless
+    --cost-model is given: a network twice as efficient shortens a dp-8 step's gradient all-reduce."""
+    from autopar import api
+    from autopar.cost.params import load_cost_model
+    from autopar.data import data_dir
+    from autopar.hardware import load_cluster
+    from autopar.inputs import resolve_cost_model
+
+    base, _ = load_cost_model("h100")
+    slow = base.model_copy(update={"name": "slow-net", "network": base.network.model_copy(
+        update={"intra_node": base.network.intra_node / 4, "inter_node": base.network.inter_node / 4})})
+    (tmp_path / "slow.cost.json").write_text(slow.model_dump_json())
+    prof = yaml.safe_load((data_dir("hardware_profiles") / "dgx-h100.yaml").read_text())
+    (tmp_path / "mine.yaml").write_text(yaml.safe_dump({**prof, "name": "mine", "cost_model": "slow.cost.json"}))
+    cluster = load_cluster(str(tmp_path / "mine.yaml"), 16)
+    assert cluster.cost_model == str(tmp_path / "slow.cost.json")
+    assert resolve_cost_model(cluster, None).intra_node_efficiency == pytest.approx(base.network.intra_node / 4)
+    plan = api.make_plan(tp=1, global_batch=64, seq_len=4096, zero=1)
+    own = api.estimate_plan("llama3-8b", str(tmp_path / "mine.yaml"), 16, plan)
+    given = api.estimate_plan("llama3-8b", str(tmp_path / "mine.yaml"), 16, plan, cost_model="h100")
+    shipped = api.estimate_plan("llama3-8b", "dgx-h100", 16, plan)
+    assert given.step_time_s == pytest.approx(shipped.step_time_s)
+    assert own.step_time_s > shipped.step_time_s

@@ -17,7 +17,10 @@ from autopar.validate.runner import Prediction, _cluster_for, predict, summarize
 def _params_for(run: MeasuredRun, cost_model: str | None) -> CostParams:
     if cost_model:
         return load_cost_model(cost_model)[1]
-    return cost_model_for_gpu(_cluster_for(run.cluster, run.num_gpus).gpu_name)[1]
+    cluster = _cluster_for(run.cluster, run.num_gpus)
+    if cluster.cost_model:  # the profile's own, measured by `autopar profile --distributed`
+        return load_cost_model(cluster.cost_model)[1]
+    return cost_model_for_gpu(cluster.gpu_name)[1]
 
 
 def validate(split: str = "holdout", sources: set[str] | None = None, cost_model: str | None = None) -> dict[str, Any]:
