@@ -416,7 +416,7 @@ def render_explanation(console: Console, ex: Explanation) -> None:
                   f"tokens/s/GPU, MFU {e.mfu:.1%}, " + ("[green]fits[/]" if e.fits else "[bold red]does NOT fit[/]"))
     print_table(console, stage_time_table(ex))
     print_table(console, stage_memory_table(ex))
-    print_table(console, alternatives_table(ex), alternatives_table_narrow(ex))
+    print_table(console, alternatives_table(ex), alternatives_table_narrow(ex), unwrapped=True)
 
 
 def stage_time_table(ex: Explanation) -> Table:

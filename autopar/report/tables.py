@@ -21,15 +21,16 @@ def _whole(table: Table) -> Table:
     return table
 
 
-def fits_width(console: Console, table: Table) -> bool:
+def fits_width(console: Console, table: Table, natural: bool = False) -> bool:
     """Whether `table` prints at the console's width with every word and number whole (its
-    minimum width: the longest word of each wrapping column, the widest cell of every other)."""
+    minimum width: the longest word of each wrapping column, the widest cell of every other), or
+    with `natural`, with no cell wrapped at all."""
     _whole(table)
     options = console.options.update_width(1 << 16)  # unclamped: Rich clamps a measure to the width
     needed = table._extra_width  # borders and the edge padding
     for column in table.columns:
         m = table._measure_column(console, options, column)  # cells and header, padding included
-        needed += m.maximum if column.no_wrap else m.minimum
+        needed += m.maximum if column.no_wrap or natural else m.minimum
     return needed <= console.width
 
 
@@ -58,12 +59,14 @@ def _part(table: Table, columns: list, title) -> Table:
     return _whole(t)
 
 
-def print_table(console: Console, table: Table, narrow: Table | None = None, keys: int = 1) -> None:
-    """Print `table` whole at the console's width (COLUMNS, also when piped): as it is when it fits,
-    else `narrow` (the same figures in fewer columns, rows stacked) when it fits, else the columns
-    of the narrowest split into tables that each fit, with the first `keys` columns in each."""
-    for t in (table, narrow):
-        if t is not None and fits_width(console, t):
+def print_table(console: Console, table: Table, narrow: Table | None = None, keys: int = 1,
+                unwrapped: bool = False) -> None:
+    """Print `table` whole at the console's width (COLUMNS, also when piped): as it is when it fits
+    (with `unwrapped`, only when no cell of it wraps), else `narrow` (the same figures in fewer
+    columns, rows stacked) when it fits, else the columns of the narrowest split into tables that
+    each fit, with the first `keys` columns in each."""
+    for t, natural in ((table, unwrapped), (narrow, False)):
+        if t is not None and fits_width(console, t, natural):
             console.print(t)
             return
     for part in split_columns(console, narrow if narrow is not None else table, keys):
