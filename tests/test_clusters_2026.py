@@ -18,7 +18,7 @@ from autopar.hardware import list_clusters, load_profile
 from autopar.schema.plan import ParallelPlan
 from autopar.schema.plan_file import PlanFile, PlanTarget
 
-NEW_PROFILES = ("gb200-nvl72", "gb300-nvl72", "dgx-b300", "mi300x", "mi325x", "mi355x")
+NEW_PROFILES = ("gb200-nvl72", "gb300-nvl72", "dgx-b300", "mi300x", "mi325x", "mi350x", "mi355x")
 NEW_MODELS = ("gb200", "gb300", "b300", "b200", "mi300x", "mi325x", "mi355x")
 
 
@@ -46,9 +46,9 @@ def test_new_cost_models_name_the_source_of_every_number(name):
 
 def test_power_limits_from_the_datasheets():
     watts = {n: load_profile(n).gpu.power_limit_w for n in ("dgx-b200", "gb200-nvl72", "gb300-nvl72", "dgx-b300",
-                                                             "mi300x", "mi325x", "mi355x")}
+                                                             "mi300x", "mi325x", "mi350x", "mi355x")}
     assert watts == {"dgx-b200": 1000, "gb200-nvl72": 1200, "gb300-nvl72": 1400, "dgx-b300": 1100,
-                     "mi300x": 750, "mi325x": 1000, "mi355x": 1400}
+                     "mi300x": 750, "mi325x": 1000, "mi350x": 1000, "mi355x": 1400}
 
 
 # --- the done-when: a fitting plan on each, in the search's usual budget -----------------------
