@@ -318,7 +318,7 @@ def models(as_json: JsonOpt = False) -> None:
     if as_json:
         _emit_json({"models": rows})
     else:
-        out.print(tables.models_table(rows))
+        tables.print_table(out, tables.models_table(rows))
 
 
 @app.command()
@@ -328,7 +328,7 @@ def clusters(as_json: JsonOpt = False) -> None:
     if as_json:
         _emit_json({"clusters": rows})
     else:
-        out.print(tables.clusters_table(rows))
+        tables.print_table(out, tables.clusters_table(rows))
 
 
 @app.command()
@@ -356,6 +356,8 @@ _IMPORT_DECIDES = ("global_batch", "tp", "pp", "cp", "ep", "etp", "vpp", "mbs", 
 def _refuse_ignored_layout(ctx: typer.Context, source: str) -> None:
     """Refuse layout options given beside an imported config (the config decides them)."""
     decides = _IMPORT_DECIDES + (("seq_len",) if source == "--from-megatron" else ())
+    if source == "--from-deepspeed":  # they fill a config's "auto" batch keys (Hugging Face Trainer configs)
+        decides = tuple(d for d in decides if d not in ("global_batch", "mbs"))
     given = [p for p in ctx.command.params if p.name in decides
              and ctx.get_parameter_source(p.name) is click.core.ParameterSource.COMMANDLINE]
     if given:
@@ -434,8 +436,9 @@ def estimate(
 
     def run():
         if from_megatron or from_deepspeed:
+            typed = ctx.get_parameter_source("mbs") is click.core.ParameterSource.COMMANDLINE
             plan = api.imported_plan(from_megatron, from_deepspeed, gpus, seq_len, model,
-                                     global_batch=global_batch, mbs=mbs)
+                                     global_batch=global_batch, mbs=mbs if typed else None)
             for note in api.import_notes(from_megatron):
                 print_warning(note)
             return plan, api.estimate_plan(model, cluster, gpus, plan, cost_model, memory_margin)

@@ -93,7 +93,8 @@ def test_megatron_parsed_config_equals_the_hf_config(name, spelling, tmp_path):
     assert config.window_size == ((window - 1, 0) if window else None)  # HF counts the query's own token
     if "num_key_value_heads" in cfg and cfg["model_type"] != "deepseek_v3":
         assert config.num_query_groups == cfg["num_key_value_heads"]
-    assert config.qk_layernorm == (cfg["model_type"] in ("qwen3", "qwen3_moe"))
+    # Qwen3's per-head q/k norms; MLA's q_a/kv_a norms (DeepSeek-V2/V3), which megatron-core builds with qk_layernorm
+    assert config.qk_layernorm == (cfg["model_type"] in ("qwen3", "qwen3_moe") or "kv_lora_rank" in cfg)
 
     scaling = rope_scaling(cfg)
     kind = scaling.get("rope_type") or scaling.get("type")

@@ -145,3 +145,18 @@ def test_columns_is_honoured_when_piped():
     wide = _run(["plan", *PLAN, "--top", "2", "--quiet"], 200)
     narrow = _run(["plan", *PLAN, "--top", "2", "--quiet"], 80)
     assert max(map(len, wide.splitlines())) > 120 >= 80 >= max(map(len, narrow.splitlines()))
+
+
+@pytest.mark.parametrize("width", WIDTHS)
+def test_listings_and_inspect_are_whole(width):
+    """models, clusters and inspect: every name whole on one line (Rich alone cut a wrapping column
+    below its longest word: "dgx-a100…", "gpus/n" over "ode")."""
+    clusters = _run(["clusters"], width)
+    models = _run(["models"], width)
+    for text in (clusters, models, _run(["inspect", "llama3-70b"], width)):
+        _assert_whole(text, width)
+    for row in _json(["clusters"])["clusters"]:
+        assert row["name"] in clusters and f"{row['hbm_gib']:g} GiB" in clusters
+    for row in _json(["models"])["models"]:
+        assert row["name"] in models
+    assert "gpus/node" in clusters

@@ -202,6 +202,7 @@ def plan_from_megatron_args(args: str | Path | list[str], num_gpus: int | None =
     fields["sp"] = None if sp == (fields["tp"] > 1) else sp
     fields["vpp"], fields["layers_per_stage"] = _megatron_stages(a)
     fields |= _megatron_batch(a, fields, num_gpus)
+    _megatron_refusals(a, num_gpus)
     if fields["seq_len"] is None:
         raise InputFileError("the Megatron arguments have no --seq-length; add it")
     try:
@@ -237,6 +238,63 @@ def _check_ranges(a: Mapping[str, Any]) -> None:
                 shown = str(value) if len(str(value)) <= 20 else str(value)[:17] + "..."
                 raise InputFileError(f"{flag_of(dest)} {shown} is out of range: it must be from {lowest} to "
                                      f"{highest:,}; fix the argument")
+
+
+def _megatron_refusals(a: Mapping[str, Any], num_gpus: int | None) -> None:
+    """InputFileError with every check of Megatron's validate_args the arguments fail, in Megatron's
+    words (export.megatron_rules, the rules the exports are checked by). Without a GPU count the
+    world-size and batch checks are left out."""
+    from autopar.export import megatron_rules as rules
+
+    if num_gpus is not None:
+        problems = rules.megatron_violations(a, num_gpus)
+    else:
+        problems = [p for rule in rules._RULES for p in rule(a)]
+    # a model flag left out is the model argument's to give (autopar checks the two agree: api.check_same_model)
+    problems = [p for p in problems if "argument is None" not in p]
+    if a["multi_latent_attention"] and not a["qk_layernorm"]:
+        problems.append("--multi-latent-attention without --qk-layernorm builds MLA without the q_a/kv_a norms that "
+                        "DeepSeek-V2/V3 have and autopar's MLA counts; add --qk-layernorm")
+    if problems:
+        raise InputFileError("Megatron would refuse these arguments: " + "; ".join(problems))
+
+
+def megatron_ignored_flags(args: str | Path | list[str]) -> list[str]:
+    """The flags of Megatron arguments (as plan_from_megatron_args reads them) that autopar does not
+    read, in order: data, optimizer, logging and checkpoint settings, or a misspelt flag."""
+    argv, _ = _argv(args)
+    return parse_megatron_argv(argv)["unknown"]
+
+
+def ignored_flags_note(args: str | Path | list[str]) -> str | None:
+    """One line naming the flags autopar ignored in an import (None when it read every flag)."""
+    flags = megatron_ignored_flags(args)
+    if not flags:
+        return None
+    shown = ", ".join(flags[:40]) + (f" and {len(flags) - 40} more" if len(flags) > 40 else "")
+    return (f"autopar ignored {len(flags)} flag{'s' if len(flags) > 1 else ''} it does not model (no effect on the "
+            f"estimate; check for a misspelling): {shown}")
+
+
+def model_from_megatron_args(args: str | Path | list[str], name: str = "megatron-script"):
+    """The ModelSpec the Megatron arguments describe (the model is then the script's own): the
+    shape flags are required (--num-layers, --hidden-size, --num-attention-heads, --vocab-size)."""
+    from autopar.schema.model import ModelSpec
+
+    argv, _ = _argv(args)
+    a = parse_megatron_argv(argv)
+    missing = [flag for flag, dest in (("--num-layers", "num_layers"), ("--hidden-size", "hidden_size"),
+                                       ("--num-attention-heads", "num_attention_heads"),
+                                       ("--vocab-size", "vocab_size")) if a[dest] is None]
+    if missing:
+        raise InputFileError(f"the Megatron arguments lack {', '.join(missing)}, so they do not describe the model "
+                             "(--vocab-size: Megatron pads the tokenizer's); add them or name the model")
+    fields = megatron_model_fields(a)
+    try:
+        return ModelSpec(name=name, source="Megatron-LM arguments", seq_length=a["seq_length"] or 2048,
+                         **{k: v for k, v in fields.items() if v is not None})
+    except ValidationError as exc:
+        raise InputFileError(one_line(exc, "the Megatron arguments describe an invalid model"))
 
 
 def _refuse_unmodelled(a: Mapping[str, Any]) -> None:
@@ -367,7 +425,8 @@ def megatron_model_fields(a: Mapping[str, Any]) -> dict[str, Any]:
         else "learned",
         "tie_embeddings": not a["untie_embeddings_and_output_weights"],
         "qkv_bias": a["add_bias_linear"] or a["add_qkv_bias"], "attn_out_bias": a["add_bias_linear"],
-        "mlp_bias": a["add_bias_linear"], "qk_norm": a["qk_layernorm"],
+        "mlp_bias": a["add_bias_linear"],
+        "qk_norm": a["qk_layernorm"] and not a["multi_latent_attention"],  # MLA: the latent q_a / kv_a norms
         "dropout": a["attention_dropout"] > 0 or a["hidden_dropout"] > 0,
         "max_position_embeddings": a["max_position_embeddings"], "mtp_layers": a["mtp_num_layers"] or 0,
         "norm_epsilon": a["layernorm_epsilon"], "rope_theta": float(a["rotary_base"]),
@@ -456,24 +515,30 @@ def _check_ds_types(c: Mapping[str, Any]) -> None:
             raise InputFileError(f"DeepSpeed config key {key!r} must be an object, not {type(c[key]).__name__}")
     for keys in _DS_COUNTS:
         value = c.get(keys[0]) if len(keys) == 1 else c.get(keys[0], {}).get(keys[1])
+        if value == "auto" and len(keys) == 1:  # batch keys the Hugging Face Trainer fills (_fill_auto)
+            continue
         if value is not None and (isinstance(value, bool) or not isinstance(value, int) or value < 0):
             raise InputFileError(f"DeepSpeed config {'.'.join(keys)} is {clip_repr(value)}; it must be a whole "
                                  "number")
 
 
-def plan_from_deepspeed_config(config: str | Path | Mapping[str, Any], num_gpus: int, *, seq_len: int
-                               ) -> ParallelPlan:
+def plan_from_deepspeed_config(config: str | Path | Mapping[str, Any], num_gpus: int, *, seq_len: int,
+                               global_batch: int | None = None, mbs: int | None = None) -> ParallelPlan:
     """A plan from a DeepSpeed config on `num_gpus` GPUs. A config does not record the sequence
-    length, so the caller gives it. Pipeline stages come from "pipeline": {"stages": n}; no
-    activation checkpointing reads as selective(core_attn), the memory of flash attention."""
+    length, so the caller gives it; batch keys set to "auto" (Hugging Face Trainer's configs) take
+    `global_batch` and `mbs` from the caller. Pipeline stages come from "pipeline": {"stages": n}.
+    Without an activation_checkpointing section nothing is recomputed (a Hugging Face model has no
+    selective recompute: transformers' gradient checkpointing is whole layers). CPU offload
+    (offload_optimizer / offload_param) is refused: autopar does not price the PCIe traffic."""
     c = _ds_dict(config)
     pipeline, zero = _ds_section(c, "pipeline"), _ds_section(c, "zero_optimization")
+    _refuse_offload(zero)
     stages = pipeline.get("stages", 1)
     pp = _ds_count(stages, "pipeline.stages", 1, MAX_GPUS) if stages != "auto" else 1
     if num_gpus % pp:
         raise InputFileError(f"pipeline stages {pp} do not divide {num_gpus} GPUs; fix num_gpus or the config")
     dp = num_gpus // pp
-    mbs, gas, gbs = _ds_batch(c, dp)
+    mbs, gas, gbs = _ds_batch(_fill_auto(c, global_batch, mbs), dp)
     stage = _ds_count(zero.get("stage", 0), "zero_optimization.stage", 0, 3)
     if _ds_section(c, "fp16").get("enabled"):
         raise InputFileError("autopar plans bf16 or fp8 training; this DeepSpeed config enables fp16")
@@ -486,6 +551,44 @@ def plan_from_deepspeed_config(config: str | Path | Mapping[str, Any], num_gpus:
         return ParallelPlan(**fields)
     except ValidationError as exc:
         raise InputFileError(one_line(exc, "the DeepSpeed config gives an invalid plan"))
+
+
+def _refuse_offload(zero: Mapping[str, Any]) -> None:
+    """InputFileError for ZeRO-Offload / ZeRO-Infinity (Ren et al. 2021): optimizer states or
+    parameters in CPU (or NVMe) memory, moved over PCIe every step, which autopar does not price."""
+    for key, what in (("offload_optimizer", "optimizer states"), ("offload_param", "parameters")):
+        section = zero.get(key)
+        device = section.get("device", "none") if isinstance(section, Mapping) else section
+        if device not in (None, "none", False):
+            raise InputFileError(f"zero_optimization.{key} (device {clip_repr(device)}) keeps the {what} in host "
+                                 "memory and moves them over PCIe each step, which autopar does not price; remove it "
+                                 "to score the plan with everything in GPU memory")
+
+
+_AUTO_KEYS = (("train_batch_size", "global_batch", "--global-batch"),
+              ("train_micro_batch_size_per_gpu", "mbs", "--mbs"))
+
+
+def _fill_auto(c: Mapping[str, Any], global_batch: int | None, mbs: int | None) -> dict[str, Any]:
+    """The config with its "auto" batch keys set from the command line (Hugging Face Trainer fills
+    them from TrainingArguments); InputFileError naming the option when one is missing."""
+    given = {"global_batch": global_batch, "mbs": mbs}
+    out = dict(c)
+    missing = [option for key, name, option in _AUTO_KEYS if out.get(key) == "auto" and given[name] is None]
+    if missing:
+        keys = [k for k, _, o in _AUTO_KEYS if o in missing]
+        raise InputFileError(f"the DeepSpeed config leaves {' and '.join(keys)} \"auto\" (the Hugging Face Trainer "
+                             f"fills {'them' if len(keys) > 1 else 'it'}): give {' and '.join(missing)} on the "
+                             "command line, and --seq-len (a DeepSpeed config has no sequence length)")
+    for key, name, option in _AUTO_KEYS:
+        if out.get(key) == "auto":
+            out[key] = given[name]
+        elif given[name] is not None and out.get(key) is not None and out[key] != given[name]:
+            raise InputFileError(f"the DeepSpeed config sets {key} {clip_repr(out[key])} but {option} is "
+                                 f"{given[name]}; drop {option} (it fills only \"auto\" keys) or edit the config")
+    if out.get("gradient_accumulation_steps") == "auto":
+        out["gradient_accumulation_steps"] = None  # derived from the two batch sizes, as the Trainer does
+    return out
 
 
 def _ds_section(c: Mapping[str, Any], key: str) -> Mapping[str, Any]:
@@ -533,6 +636,6 @@ def _ds_batch(c: Mapping[str, Any], dp: int) -> tuple[int, int, int]:
 def _ds_recompute(c: Mapping[str, Any]) -> Recompute:
     interval = c.get("pipeline", {}).get("activation_checkpoint_interval", 0)
     if "activation_checkpointing" not in c and not interval:
-        return Recompute()
+        return Recompute(mode="none")
     k = c.get("activation_checkpointing", {}).get("number_checkpoints")
     return Recompute(mode="full", num_layers=k)

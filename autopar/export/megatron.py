@@ -65,8 +65,8 @@ def _model_args(spec: ModelSpec, plan: ParallelPlan) -> list[str]:
     if not spec.tie_embeddings:
         args.append("--untie-embeddings-and-output-weights")
     args += _bias_args(spec)
-    if spec.qk_norm:
-        args.append("--qk-layernorm")
+    if spec.qk_norm or spec.mla:  # MLA: the q_a / kv_a norms of DeepSeek-V2/V3 (megatron-core builds them with
+        args.append("--qk-layernorm")  # qk_layernorm only, gpt_layer_specs.py; autopar's count includes them)
     dropout = "0.1" if spec.dropout else "0.0"
     args += ["--attention-dropout", dropout, "--hidden-dropout", dropout]
     args += ["--vocab-size", str(spec.vocab_size), "--seq-length", str(plan.seq_len),
@@ -87,7 +87,8 @@ def rope_args(spec: ModelSpec) -> list[str]:
         args += ["--rotary-percent", repr(spec.rotary_percent)]
     sc = spec.rope_scaling
     if sc is None:
-        return args + (["--rope-type", "rope"] if spec.mla else [])  # MLA defaults to yarn
+        # MLA defaults to yarn; TE's fused RoPE for MLA is YaRN-only (MLATransformerConfig.__post_init__)
+        return args + (["--rope-type", "rope", "--no-rope-fusion"] if spec.mla else [])
     if sc.type == "llama3":
         fixed = (sc.low_freq_factor, sc.high_freq_factor, sc.original_max_position_embeddings)
         if spec.mla or fixed != (1.0, 4.0, 8192):

@@ -97,6 +97,7 @@ def _table() -> dict[str, _Flag]:
         "--recompute-modules": _Flag("recompute_modules", "list"),
         "--disable-bias-linear": _Flag("add_bias_linear", "false", True),
         "--no-overlap-p2p-communication": _Flag("overlap_p2p_comm", "false", True),
+        "--no-rope-fusion": _Flag("apply_rope_fusion", "false", True),
     }
     for flag in ("--group-query-attention", "--swiglu", "--squared-relu", "--quick-geglu",
                  "--use-rotary-position-embeddings", "--untie-embeddings-and-output-weights", "--add-qkv-bias",
@@ -123,10 +124,12 @@ def flag_of(dest: str) -> str:
 def parse_megatron_argv(argv: Sequence[str]) -> dict[str, Any]:
     """Megatron's namespace (dest -> value, defaults filled) for the flags autopar models.
 
-    `--flag=value` and `--flag value` both work; unknown flags are skipped with their values;
-    `given` holds the dests that appeared. A malformed value raises InputFileError."""
+    `--flag=value` and `--flag value` both work; unknown flags are skipped with their values and
+    listed in `unknown` (in order, once each); `given` holds the dests that appeared. A malformed
+    value raises InputFileError."""
     ns: dict[str, Any] = {f.dest: f.default for f in MEGATRON_FLAGS.values()}
     given: set[str] = set()
+    unknown: dict[str, None] = {}
     tokens = list(argv)
     i = 0
     while i < len(tokens):
@@ -142,10 +145,12 @@ def parse_megatron_argv(argv: Sequence[str]) -> dict[str, Any]:
                 values.append(tokens[i])
                 i += 1
         if flag is None:
+            unknown[name] = None
             continue
         ns[flag.dest] = _convert(name, flag, values)
         given.add(flag.dest)
     ns["given"] = given
+    ns["unknown"] = list(unknown)
     return ns
 
 
@@ -342,6 +347,15 @@ def _pipeline(a: Mapping[str, Any]) -> list[str]:
         return out + _layout(a)
     first, last = a["decoder_first_pipeline_num_layers"], a["decoder_last_pipeline_num_layers"]
     vpp = _vpp_size(a)
+    k = a["num_layers_per_virtual_pipeline_stage"]
+    if k is not None and layers and pp > 1:  # arguments.py validate_args (Megatron-LM core_v0.14+)
+        middle = layers - (first or 0) - (last or 0)
+        ranks = pp - (first is not None) - (last is not None)
+        per_stage = middle // ranks if ranks else 0
+        if ranks and (middle % ranks or per_stage % k):
+            out.append(f"Megatron: 'number of layers per pipeline stage must be divisible number of layers per "
+                       f"virtual pipeline stage' ({per_stage} layers per stage, --num-layers-per-virtual-pipeline-"
+                       f"stage {k}); use a divisor of {per_stage}")
     if first is not None or last is not None:
         return out + _uneven_first_last(a, vpp)
     if layers is None:
@@ -620,6 +634,9 @@ def _rope(a: Mapping[str, Any]) -> list[str]:
     out = []
     if a["rope_type"] not in (None, "rope", "yarn"):
         out.append(f"Megatron: --rope-type {a['rope_type']!r} is not rope or yarn")
+    if a["multi_latent_attention"] and a["apply_rope_fusion"] and a["rope_type"] == "rope":
+        out.append("Megatron: 'apply_rope_fusion for MLA only works with YARN RoPE.' (MLATransformerConfig, with "
+                   "Transformer Engine); add --no-rope-fusion")
     if a["rope_type"] not in (None, "rope") and not a["multi_latent_attention"]:
         out.append(f"Megatron: 'Common attention only support rope_type=\"rope\", but got {a['rope_type']}'; "
                    "YaRN needs --multi-latent-attention")

@@ -67,10 +67,27 @@ def print_table(console: Console, table: Table, narrow: Table | None = None, key
     each fit, with the first `keys` columns in each."""
     for t, natural in ((table, unwrapped), (narrow, False)):
         if t is not None and fits_width(console, t, natural):
-            console.print(t)
+            console.print(_widths_set(console, t))
             return
     for part in split_columns(console, narrow if narrow is not None else table, keys):
-        console.print(part)
+        console.print(_widths_set(console, part))
+
+
+def _widths_set(console: Console, table: Table) -> Table:
+    """`table` with each column's width fixed between its minimum (longest word; a no-wrap
+    column's widest cell) and its natural width, the room left shared in proportion to what each
+    would take: Rich, left to itself, narrows a wrapping column below its longest word (cutting a
+    header or a name) when the table is wider than the console."""
+    options = console.options.update_width(1 << 16)
+    measures = [table._measure_column(console, options, c) for c in table.columns]
+    low = [m.maximum if c.no_wrap else m.minimum for m, c in zip(measures, table.columns)]
+    spare = [m.maximum - lo for m, lo in zip(measures, low)]
+    room = console.width - table._extra_width - sum(low)
+    if room >= sum(spare) or room < 0:  # it fits as it is, or nothing can make it fit (folds)
+        return table
+    for i, (column, lo, extra) in enumerate(zip(table.columns, low, spare)):
+        column.width = lo + extra * room // sum(spare) - table._get_padding_width(i)
+    return table
 
 
 def human_count(n: float) -> str:
@@ -93,7 +110,8 @@ def seconds(t: float) -> str:
 def models_table(rows: list[dict[str, Any]]) -> Table:
     t = Table(title="Model presets")
     for col in ("name", "params", "active", "layers", "hidden", "source"):
-        t.add_column(col, justify="right" if col in ("params", "active", "layers", "hidden") else "left")
+        t.add_column(col, justify="right" if col in ("params", "active", "layers", "hidden") else "left",
+                     no_wrap=col == "name")
     for r in rows:
         t.add_row(r["name"], human_count(r["total_params"]), human_count(r["active_params"]), str(r["layers"]),
                   str(r["hidden_size"]), r["source"])
@@ -103,7 +121,8 @@ def models_table(rows: list[dict[str, Any]]) -> Table:
 def clusters_table(rows: list[dict[str, Any]]) -> Table:
     t = Table(title="Cluster profiles")
     for col in ("name", "gpu", "gpus/node", "bf16 TFLOP/s", "HBM", "NVLink GB/s", "network"):
-        t.add_column(col)
+        t.add_column(col, no_wrap=col == "name",
+                     justify="right" if col in ("gpus/node", "bf16 TFLOP/s", "HBM", "NVLink GB/s") else "left")
     for r in rows:
         t.add_row(r["name"], r["gpu"], str(r["gpus_per_node"]), f"{r['bf16_tflops']:g}", f"{r['hbm_gib']:g} GiB",
                   f"{r['nvlink_gb_per_s']:g}", r["network"])
