@@ -20,12 +20,14 @@ HF = Path(__file__).parent / "fixtures" / "hf"
 # One real config per accepted model_type (fixtures/hf, trimmed copies of the hub's config.json)
 FIXTURES = {"llama": "llama3-8b.json", "mistral": "mistral-7b.json", "qwen2": "qwen2-7b.json",
             "qwen3": "qwen3-8b.json", "mixtral": "mixtral-8x7b.json", "qwen3_moe": "qwen3-30b-a3b.json",
-            "deepseek_v3": "deepseek-v3.json", "gpt2": "gpt2.json", "gpt_neox": "gpt-neox-20b.json",
-            # 2025-26 architectures (tests/test_model_2026.py checks their counts)
-            "nemotron_h": "nemotron-h-56b.json", "qwen3_next": "qwen3-next-80b-a3b.json",
-            "kimi_linear": "kimi-linear-48b-a3b.json", "gpt_oss": "gpt-oss-120b.json", "llama4": "llama4-maverick.json",
-            "llama4_text": "llama4-maverick-text.json", "kimi_k2": "kimi-k2-instruct-0905.json",
-            "deepseek_v32": "deepseek-v3.2-exp.json"}
+            "deepseek_v3": "deepseek-v3.json", "gpt2": "gpt2.json", "gpt_neox": "gpt-neox-20b.json"}
+# 2025-26 architectures (tests/test_model_2026.py checks their counts, tests/test_hybrid_export.py
+# their exports)
+FIXTURES_2026 = {"nemotron_h": "nemotron-h-56b.json", "qwen3_next": "qwen3-next-80b-a3b.json",
+                 "kimi_linear": "kimi-linear-48b-a3b.json", "gpt_oss": "gpt-oss-120b.json",
+                 "llama4": "llama4-maverick.json", "llama4_text": "llama4-maverick-text.json",
+                 "kimi_k2": "kimi-k2-instruct-0905.json", "deepseek_v32": "deepseek-v3.2-exp.json"}
+ALL_FIXTURES = {**FIXTURES, **FIXTURES_2026}
 # Configs with no RoPE, experts or windows at the top level to respell (Nemotron-H has no RoPE; a
 # Llama 4 config keeps them in its text_config)
 _NOTHING_TO_RESPELL = ("gpt2", "nemotron_h", "llama4")
@@ -59,13 +61,13 @@ def transformers5(cfg: dict) -> dict:
 
 
 def test_every_accepted_model_type_has_a_fixture():
-    assert set(FIXTURES) == set(SUPPORTED_MODEL_TYPES)
-    assert all(hf(f)["model_type"] == t for t, f in FIXTURES.items())
+    assert set(ALL_FIXTURES) == set(SUPPORTED_MODEL_TYPES)
+    assert all(hf(f)["model_type"] == t for t, f in ALL_FIXTURES.items())
 
 
-@pytest.mark.parametrize("model_type", list(FIXTURES))
+@pytest.mark.parametrize("model_type", list(ALL_FIXTURES))
 def test_transformers_4_and_5_spellings_read_alike(model_type):
-    v4 = hf(FIXTURES[model_type])
+    v4 = hf(ALL_FIXTURES[model_type])
     v5 = transformers5(v4)
     if model_type not in _NOTHING_TO_RESPELL:
         assert v5 != v4

@@ -32,6 +32,8 @@ from autopar.export.common import (TORCHRUN, bash_array, checkpoint_schedule, cl
                                    layer_counts, plan_layout, refuse, require_exportable)
 from autopar.export.fabric import fabric_block, fabric_refusals
 from autopar.export.megatron_rules import format_layout, megatron_notes, megatron_violations
+from autopar.frameworks import plan_refusals
+from autopar.model.mixers import hybrid_pattern
 from autopar.schema.model import ModelSpec, MoESpec
 from autopar.schema.plan import ParallelPlan, Precision, RecomputeMode
 from autopar.schema.plan_file import PlanFile
@@ -39,14 +41,14 @@ from autopar.schema.plan_file import PlanFile
 # autopar cp_comm_type -> the value Transformer Engine's attention takes (Megatron passes it through)
 CP_COMM_TYPES = {"p2p": "p2p", "a2a": "a2a", "allgather": "all_gather"}
 FP8_ARGS = ("--fp8-format", "hybrid", "--fp8-amax-history-len", "1024", "--fp8-amax-compute-algo", "max")
-
-
 # Block-scaled recipes (megatron/training/arguments.py, core_r0.14+: --fp8-recipe {tensorwise, delayed,
 # mxfp8, blockwise}, --fp4-format e2m1 with --fp4-recipe nvfp4): MXFP8 quantizes every GEMM operand
 # in E4M3 with a per-32 E8M0 scale (Transformer Engine MXFP8BlockScaling); NVFP4 is E2M1 with a
 # per-16 E4M3 scale (NVFP4BlockScaling: random Hadamard transforms on the wgrad inputs, 2D weight blocks).
 PRECISION_ARGS = {"fp8": FP8_ARGS, "mxfp8": ("--fp8-format", "e4m3", "--fp8-recipe", "mxfp8"),
                   "nvfp4": ("--fp4-format", "e2m1", "--fp4-recipe", "nvfp4")}
+
+
 def _model_args(spec: ModelSpec, plan: ParallelPlan) -> list[str]:
     args = ["--num-layers", str(spec.num_layers), "--hidden-size", str(spec.hidden_size),
             "--ffn-hidden-size", str(spec.ffn_hidden_size), "--num-attention-heads", str(spec.num_attention_heads)]
@@ -56,10 +58,14 @@ def _model_args(spec: ModelSpec, plan: ParallelPlan) -> list[str]:
         args += ["--group-query-attention", "--num-query-groups", str(spec.kv_heads)]
     if spec.activation == "swiglu":
         args.append("--swiglu")
+    elif spec.activation == "relu2":
+        args.append("--squared-relu")
     args += ["--normalization", "RMSNorm" if spec.normalization == "rmsnorm" else "LayerNorm",
              "--norm-epsilon", repr(spec.norm_epsilon)]
-    args += ["--position-embedding-type", "rope" if spec.position_embedding == "rope" else "learned_absolute"]
-    args += rope_args(spec)
+    if spec.position_embedding == "rope" and not _all_nope(spec):
+        args += ["--position-embedding-type", "rope"] + rope_args(spec)
+    else:
+        args += ["--position-embedding-type", "learned_absolute" if spec.position_embedding == "learned" else "none"]
     if spec.sliding_window is not None:
         args += ["--window-size", f"({spec.sliding_window - 1},0)"]
     if not spec.tie_embeddings:
@@ -73,6 +79,93 @@ def _model_args(spec: ModelSpec, plan: ParallelPlan) -> list[str]:
              "--max-position-embeddings", str(_max_positions(spec, plan))]
     if spec.mtp_layers:
         args += ["--mtp-num-layers", str(spec.mtp_layers)]
+    return args
+
+
+def _all_nope(spec: ModelSpec) -> bool:
+    """Every attention layer without RoPE (Nemotron-H's, Kimi-Linear's MLA): no positional embedding."""
+    pattern = spec.layer_pattern or ""
+    attention = [c for c in pattern if c in "ANWC"]
+    return bool(attention) and all(c == "N" for c in attention)
+
+
+def _freq(flags: list[int]) -> str:
+    """A per-layer 0/1 list as Megatron's list expression (moe_freq_type / no_rope_freq_type /
+    la_freq_type evaluate it), repeated units folded: [1,1,1,0]*12 -> "([1,1,1,0]*12)"."""
+    n = len(flags)
+    for unit in range(1, n + 1):
+        if n % unit == 0 and flags == flags[:unit] * (n // unit):
+            body = "[" + ",".join(map(str, flags[:unit])) + "]"
+            return f"({body}*{n // unit})" if n // unit > 1 else f"({body})"
+    return "(" + str(flags) + ")"
+
+
+def mixer_args(spec: ModelSpec) -> list[str]:
+    """The layer kinds beyond attention + MLP in megatron-core 0.16's flags (TransformerConfig
+    fields, megatron/training/arguments.py builds a flag for each), or ExportError naming what
+    Megatron cannot build:
+    - Mamba-2 hybrids run pretrain_mamba.py: --hybrid-override-pattern (M * - E, one block a layer;
+      mamba_hybrid_layer_allocation.Symbols), --is-hybrid-model, --mamba-state-dim/-head-dim/
+      -num-groups/-num-heads, the stack spec mamba_stack_spec (Megatron's examples/mamba);
+      MambaMixer builds a width-4 conv and SSD chunks of 128.
+    - Gated DeltaNet: --experimental-attention-variant gated_delta_net, --linear-attention-freq
+      (1 = a linear layer), --linear-num-key-heads ... and Qwen3-Next's --attention-output-gate.
+    - DeepSeek Sparse Attention: --experimental-attention-variant dsa --dsa-indexer-n-heads/
+      -head-dim/-topk.
+    - Windows per layer: --window-attn-skip-freq (1 = a sliding layer); attention sinks:
+      --softmax-type learnable; NoPE layers: --no-rope-freq (1 = no RoPE).
+    Refused: Kimi Delta Attention and chunked attention (no such layer in megatron-core 0.16), a
+    Mamba model whose layers hold both a mixer and an MLP (the hybrid stack has one block a layer)."""
+    pattern = spec.layer_pattern or ""
+    letters = set(pattern)
+    problems = []
+    if "K" in letters:
+        problems.append("Kimi Delta Attention layers: megatron-core 0.16 has none (its experimental attention "
+                        "variants are gated_delta_net and dsa); export to deepspeed (the Hugging Face model)")
+    if "C" in letters:
+        problems.append(f"chunked attention (attention_chunk_size {spec.attention_chunk_size}): megatron-core 0.16's "
+                        "attention has sliding windows, not chunks; export to deepspeed (the Hugging Face model)")
+    if "M" in letters and (letters & {"G", "K"} or spec.indexer is not None):
+        problems.append("Mamba-2 layers beside linear or sparse attention: Megatron's hybrid stack has neither")
+    args: list[str] = []
+    if "M" in letters:
+        symbols = hybrid_pattern(pattern, spec.ffn_pattern or "D" * spec.num_layers)
+        m = spec.mamba
+        if symbols is None:
+            problems.append("Mamba-2 layers with a mixer and an MLP in one layer: Megatron's hybrid stack holds one "
+                            "block a layer (M, *, -, E); give each block its own layer in layer_pattern/ffn_pattern")
+        if (m.conv_kernel, m.chunk_size) != (4, 128):
+            problems.append(f"Mamba-2 conv width {m.conv_kernel} and chunk {m.chunk_size}: megatron-core 0.16's "
+                            "MambaMixer builds 4 and 128")
+        if not m.conv_bias or m.proj_bias:
+            problems.append("Mamba-2 biases other than a conv bias alone: MambaMixer's conv1d has a bias and its "
+                            "projections follow --disable-bias-linear")
+        args += ["--hybrid-override-pattern", symbols or "", "--is-hybrid-model", "--mamba-state-dim",
+                 str(m.state_size), "--mamba-head-dim", str(m.head_dim), "--mamba-num-groups", str(m.num_groups),
+                 "--mamba-num-heads", str(m.num_heads),
+                 "--spec", "megatron.core.models.mamba.mamba_layer_specs", "mamba_stack_spec"]
+    if "G" in letters:
+        la = spec.linear_attention
+        args += ["--experimental-attention-variant", "gated_delta_net",
+                 "--linear-attention-freq", _freq([int(c == "G") for c in pattern]),
+                 "--linear-num-key-heads", str(la.num_key_heads), "--linear-num-value-heads", str(la.num_value_heads),
+                 "--linear-key-head-dim", str(la.key_head_dim), "--linear-value-head-dim", str(la.value_head_dim),
+                 "--linear-conv-kernel-dim", str(la.conv_kernel)]
+    if spec.indexer is not None:
+        ix = spec.indexer
+        args += ["--experimental-attention-variant", "dsa", "--dsa-indexer-n-heads", str(ix.num_heads),
+                 "--dsa-indexer-head-dim", str(ix.head_dim), "--dsa-indexer-topk", str(ix.top_k),
+                 "--no-rope-fusion"]  # transformer_config.py: 'RoPE fusion is not supported for DSAttention'
+    if spec.attention_output_gate:
+        args.append("--attention-output-gate")
+    if spec.attention_sinks:
+        args += ["--softmax-type", "learnable"]
+    attention = [c for c in pattern if c in "ANWC"]
+    if "W" in attention and set(attention) != {"W"}:
+        args += ["--window-attn-skip-freq", _freq([int(c == "W") for c in pattern])]
+    if "N" in attention and not _all_nope(spec) and spec.position_embedding == "rope":
+        args += ["--no-rope-freq", _freq([int(c == "N") for c in pattern])]
+    refuse("megatron", problems)
     return args
 
 
@@ -108,14 +201,33 @@ def rope_args(spec: ModelSpec) -> list[str]:
 
 
 def _bias_args(spec: ModelSpec) -> list[str]:
-    """Megatron has one switch for every linear bias and one for the qkv bias alone."""
-    if spec.qkv_bias and spec.attn_out_bias and spec.mlp_bias:
+    """Megatron has one switch for every linear bias and one for the qkv bias alone. The MLP side
+    is every MLP linear the model has: its dense MLPs, and its experts and router (megatron-core's
+    router and grouped experts take their bias from add_bias_linear: gpt-oss has both)."""
+    mlp = _mlp_bias(spec)
+    if spec.qkv_bias and spec.attn_out_bias and mlp:
         return []
-    if not spec.attn_out_bias and not spec.mlp_bias:
+    if not spec.attn_out_bias and not mlp:
         return ["--disable-bias-linear"] + (["--add-qkv-bias"] if spec.qkv_bias else [])
     raise ExportError(f"Megatron cannot express {spec.name}'s biases (qkv {spec.qkv_bias}, attention output "
-                      f"{spec.attn_out_bias}, mlp {spec.mlp_bias}): it has --disable-bias-linear (all) and "
+                      f"{spec.attn_out_bias}, mlp {mlp}): it has --disable-bias-linear (all) and "
                       "--add-qkv-bias (qkv only); make attn_out_bias and mlp_bias equal")
+
+
+def _mlp_bias(spec: ModelSpec) -> bool:
+    """The MLP side's bias, or ExportError when its linears disagree (one switch sets them all)."""
+    ffns = {spec.ffn_of(i) for i in range(spec.num_layers)}
+    side = set()
+    if "D" in ffns:
+        side.add(("mlp", spec.mlp_bias))
+    if "E" in ffns and spec.moe is not None:
+        side |= {("experts", spec.moe.expert_mlp_bias), ("router", spec.moe.router_bias)}
+    values = {v for _, v in side}
+    if len(values) > 1:
+        refuse("megatron", [f"biases on {', '.join(k for k, v in sorted(side) if v)} but not on "
+                            f"{', '.join(k for k, v in sorted(side) if not v)}: megatron-core's --disable-bias-linear "
+                            "sets every MLP, expert and router bias at once"])
+    return values.pop() if values else spec.mlp_bias
 
 
 def _max_positions(spec: ModelSpec, plan: ParallelPlan) -> int:
@@ -150,7 +262,10 @@ def _moe_args(spec: ModelSpec, plan: ParallelPlan) -> list[str]:
                  str(moe.num_shared_experts * moe.shared_expert_ffn_hidden_size)]
         if moe.shared_expert_gate:
             args.append("--moe-shared-expert-gate")
-    args += ["--moe-layer-freq", moe_layer_freq(moe, spec.num_layers)]
+    if "M" not in (spec.layer_pattern or ""):  # the hybrid stack places its MoE layers by the pattern's E
+        every = spec.ffn_pattern is None or set(spec.ffn_pattern) == {"E"}
+        args += ["--moe-layer-freq", moe_layer_freq(moe, spec.num_layers) if every else
+                 _freq([int(c == "E") for c in spec.ffn_pattern])]
     args += router_args(moe)
     args += (["--moe-grouped-gemm"] if plan.moe_grouped_gemm else []) + ["--moe-token-dispatcher-type",
                                                                          plan.moe_dispatcher]
@@ -205,6 +320,21 @@ def pipeline_layout(counts: tuple[int, ...], mtp_layers: int) -> str:
     return format_layout(stages)
 
 
+def hybrid_stage_args(counts: tuple[int, ...]) -> list[str]:
+    """An uneven split of a hybrid (Mamba) stack: megatron-core 0.16's MambaStack reads only the
+    first and last stages' layer counts and splits the rest evenly (mamba_block.py), so the middle
+    stages must be equal (frameworks.megatron.plan_refusals refuses the rest)."""
+    args = []
+    if len(counts) > 1 and counts[0] != counts[1]:
+        args += ["--decoder-first-pipeline-num-layers", str(counts[0])]
+    if len(counts) > 2 and counts[-1] != counts[-2] or len(counts) == 2 and counts[1] != counts[0] and not args:
+        args += ["--decoder-last-pipeline-num-layers", str(counts[-1])]
+    if len(set(counts[1:-1])) > 1:
+        refuse("megatron", [f"layers per stage {list(counts)}: Megatron's hybrid stack splits the middle stages "
+                            "evenly; even out the middle stages"])
+    return args
+
+
 def _parallel_args(pf: PlanFile, plan: ParallelPlan) -> list[str]:
     spec = pf.target.model_spec
     args = ["--tensor-model-parallel-size", str(plan.tp), "--pipeline-model-parallel-size", str(plan.pp),
@@ -217,7 +347,9 @@ def _parallel_args(pf: PlanFile, plan: ParallelPlan) -> list[str]:
     if plan.sequence_parallel and plan.tp > 1:
         args.append("--sequence-parallel")
     counts = layer_counts(pf)
-    if len(set(counts)) > 1:
+    if len(set(counts)) > 1 and "M" in (spec.layer_pattern or ""):
+        args += hybrid_stage_args(counts)
+    elif len(set(counts)) > 1:
         args += ["--pipeline-model-parallel-layout", pipeline_layout(counts, spec.mtp_layers)]
     elif plan.vpp > 1:
         args += ["--num-virtual-stages-per-pipeline-rank", str(plan.vpp)]
@@ -276,8 +408,11 @@ def _step_args(plan: ParallelPlan) -> list[str]:
 def megatron_arg_groups(pf: PlanFile) -> list[tuple[str, list[str]]]:
     """The arguments by concern (model, moe, mla, parallel, recompute, step); checked, or ExportError."""
     plan = require_exportable(pf, "megatron")
+    refuse("megatron", fabric_refusals(pf, plan))
     spec = pf.target.model_spec
-    groups = [("MODEL_ARGS", _model_args(spec, plan)), ("MOE_ARGS", _moe_args(spec, plan)),
+    refuse("megatron", plan_refusals(spec, pf.target.gpus, plan))
+    groups = [("MODEL_ARGS", _model_args(spec, plan)), ("MIXER_ARGS", mixer_args(spec)),
+              ("MOE_ARGS", _moe_args(spec, plan)),
               ("MLA_ARGS", _mla_args(spec)), ("PARALLEL_ARGS", _parallel_args(pf, plan)),
               ("RECOMPUTE_ARGS", _recompute_args(plan)), ("STEP_ARGS", _step_args(plan))]
     args = [a for _, group in groups for a in group]
@@ -322,6 +457,8 @@ def export_megatron(pf: PlanFile) -> str:
     run_args += ["--async-save"] if async_save else []
     parts += [f"# Checkpoint every {interval} steps: the interval that maximises goodput under the run's interruptions"
               " (autopar.cost.run).", settings, cluster_block(pf, 6000)]
+    fabric = fabric_block(pf, plan)
+    parts += [fabric] if fabric else []
     if plan.zero >= 2:
         parts.append("# Megatron-FSDP asserts CUDA_DEVICE_MAX_CONNECTIONS is not 1 (it overlaps its collectives on\n"
                      "# several streams); with tp or cp > 1 Megatron only warns that TP/CP prefer 1\n"
@@ -332,8 +469,6 @@ def export_megatron(pf: PlanFile) -> str:
     parts += [bash_array(name, group) for name, group in groups]
     parts.append(bash_array("RUN_ARGS", run_args))
     refs = " ".join(f'"${{{name}[@]}}"' for name, _ in groups)
-    parts.append(f'{TORCHRUN} \\\n    "$MEGATRON_LM_DIR/pretrain_gpt.py" \\\n    {refs} "${{RUN_ARGS[@]}}"')
+    entry = "pretrain_mamba.py" if "M" in (pf.target.model_spec.layer_pattern or "") else "pretrain_gpt.py"
+    parts.append(f'{TORCHRUN} \\\n    "$MEGATRON_LM_DIR/{entry}" \\\n    {refs} "${{RUN_ARGS[@]}}"')
     return "\n\n".join(parts) + "\n"
-    refuse("megatron", fabric_refusals(pf, plan))
-    fabric = fabric_block(pf, plan)
-    parts += [fabric] if fabric else []

@@ -96,8 +96,27 @@ def _table() -> dict[str, _Flag]:
         "--moe-layer-freq": _Flag("moe_layer_freq", "freq", 1),
         "--recompute-modules": _Flag("recompute_modules", "list"),
         "--disable-bias-linear": _Flag("add_bias_linear", "false", True),
-        "--no-overlap-p2p-communication": _Flag("overlap_p2p_comm", "false", True),
+        # layer kinds beyond attention + MLP (TransformerConfig fields, issue 30)
+        "--hybrid-override-pattern": _Flag("hybrid_override_pattern", "str"),
+        "--mamba-state-dim": _Flag("mamba_state_dim", "int", 128),
+        "--mamba-head-dim": _Flag("mamba_head_dim", "int", 64),
+        "--mamba-num-groups": _Flag("mamba_num_groups", "int", 8),
+        "--mamba-num-heads": _Flag("mamba_num_heads", "int"),
+        "--experimental-attention-variant": _Flag("experimental_attention_variant", "str"),
+        "--linear-attention-freq": _Flag("linear_attention_freq", "freq"),
+        "--linear-num-key-heads": _Flag("linear_num_key_heads", "int", 16),
+        "--linear-num-value-heads": _Flag("linear_num_value_heads", "int", 32),
+        "--linear-key-head-dim": _Flag("linear_key_head_dim", "int", 128),
+        "--linear-value-head-dim": _Flag("linear_value_head_dim", "int", 128),
+        "--linear-conv-kernel-dim": _Flag("linear_conv_kernel_dim", "int", 4),
+        "--dsa-indexer-n-heads": _Flag("dsa_indexer_n_heads", "int"),
+        "--dsa-indexer-head-dim": _Flag("dsa_indexer_head_dim", "int"),
+        "--dsa-indexer-topk": _Flag("dsa_indexer_topk", "int"),
+        "--window-attn-skip-freq": _Flag("window_attn_skip_freq", "freq"),
+        "--no-rope-freq": _Flag("no_rope_freq", "freq"),
+        "--softmax-type": _Flag("softmax_type", "str", "vanilla"),
         "--no-rope-fusion": _Flag("apply_rope_fusion", "false", True),
+        "--no-overlap-p2p-communication": _Flag("overlap_p2p_comm", "false", True),
     }
     for flag in ("--group-query-attention", "--swiglu", "--squared-relu", "--quick-geglu",
                  "--use-rotary-position-embeddings", "--untie-embeddings-and-output-weights", "--add-qkv-bias",
@@ -107,7 +126,8 @@ def _table() -> dict[str, _Flag]:
                  "--use-megatron-fsdp", "--recompute-activations", "--distribute-saved-activations",
                  "--overlap-grad-reduce", "--overlap-param-gather", "--tp-comm-overlap", "--bf16", "--fp16",
                  "--grad-reduce-in-bf16",
-                 "--use-legacy-models", "--use-rope-scaling", "--moe-router-enable-expert-bias"):
+                 "--use-legacy-models", "--use-rope-scaling", "--moe-router-enable-expert-bias",
+                 "--is-hybrid-model", "--attention-output-gate"):
         out[flag] = _Flag(flag[2:].replace("-", "_"), "true", False)
     return out
 
@@ -667,8 +687,65 @@ def _fsdp(a: Mapping[str, Any]) -> list[str]:
     return out
 
 
+def _mixers(a: Mapping[str, Any]) -> list[str]:
+    """megatron-core 0.16's checks of the layer kinds beyond attention + MLP: the hybrid pattern
+    (ssm/mamba_hybrid_layer_allocation.py _allocate_override), MambaMixer's head and group splits
+    (ssm/mamba_mixer.py), Mamba CP (ssm/mamba_context_parallel.py), the hybrid stack's pipeline
+    (ssm/mamba_block.py), Gated DeltaNet's and DSA's (transformer_config.py __post_init__), and
+    no_rope_freq's length."""
+    out = []
+    tp, cp, layers = a["tensor_model_parallel_size"], a["context_parallel_size"], a["num_layers"]
+    pattern = a["hybrid_override_pattern"]
+    if pattern is not None:
+        if len(pattern) != layers:
+            out.append(f"Megatron: 'The hybrid override pattern is the wrong length: got {len(pattern)}, expected "
+                       f"{layers}'; give one symbol per layer")
+        bad = sorted(set(pattern) - set("M*-E"))
+        if bad:
+            out.append(f"Megatron: 'In hybrid override pattern, {bad[0]!r} is not one of M * - E'")
+        if "M" in pattern:
+            heads = a["mamba_num_heads"] or (2 * a["hidden_size"]) // a["mamba_head_dim"]
+            groups = a["mamba_num_groups"]
+            if heads % tp or groups % tp or heads % groups:
+                out.append(f"Megatron: MambaMixer needs nheads ({heads}) and ngroups ({groups}) divisible by tp "
+                           f"({tp}) and nheads by ngroups; use a tp that divides both")
+            elif cp > 1 and (heads // tp) % cp:
+                out.append(f"Megatron: Mamba context parallelism needs nheads / tp ({heads // tp}) divisible by cp "
+                           f"({cp}); use a cp that divides them")
+            width = 2 * heads * a["mamba_head_dim"] + 2 * groups * a["mamba_state_dim"] + heads
+            if (a["fp8"] or a.get("fp4")) and width % 16:
+                out.append(f"Megatron: 'For FP8, the innermost dimension of the Mamba layer input projection output "
+                           f"tensor must be a multiple of 16' ({width}); use bf16")
+            vpp = a["num_virtual_stages_per_pipeline_rank"] or a["num_layers_per_virtual_pipeline_stage"]
+            if vpp:
+                out.append("Megatron: 'The Mamba hybrid model does not currently support virtual/interleaved "
+                           "pipeline parallelism'; drop the virtual stages")
+            if a["pipeline_model_parallel_layout"] is not None:
+                out.append("Megatron: the hybrid stack places layers by --decoder-first/last-pipeline-num-layers, "
+                           "not --pipeline-model-parallel-layout")
+    variant = a["experimental_attention_variant"]
+    if variant == "gated_delta_net":
+        keys, values = a["linear_num_key_heads"], a["linear_num_value_heads"]
+        if a["linear_attention_freq"] is None:
+            out.append("Megatron: 'linear_attention_freq must be set for linear gated_delta_net'")
+        if values % keys or keys % tp or values % tp:
+            out.append(f"Megatron: gated delta net needs linear_num_value_heads ({values}) a multiple of "
+                       f"linear_num_key_heads ({keys}) and both multiples of tensor_model_parallel_size ({tp})")
+    if variant == "dsa" and cp > 1:
+        out.append("Megatron: 'Currently context parallelism is not supported by DSAttention!'; use cp 1")
+    if variant == "dsa" and a["apply_rope_fusion"] and a["position_embedding_type"] == "rope":
+        out.append("Megatron: 'RoPE fusion is not supported for DSAttention'; add --no-rope-fusion")
+    for dest in ("no_rope_freq", "linear_attention_freq", "window_attn_skip_freq"):
+        freq = a[dest]
+        if isinstance(freq, list) and len(freq) != layers:
+            out.append(f"Megatron: the {flag_of(dest)} list has {len(freq)} entries for {layers} layers")
+        if dest == "no_rope_freq" and isinstance(freq, int) and freq and layers % freq:
+            out.append(f"Megatron: 'no_rope_freq={freq} should be divisible by num_layers={layers}'")
+    return out
+
+
 _RULES: tuple[Callable[..., list[str]], ...] = (_pipeline, _sequence, _overlap, _recompute, _attention, _experts,
-                                                _router, _rope, _fsdp)
+                                                _router, _rope, _fsdp, _mixers)
 
 
 def megatron_violations(args: Sequence[str] | Mapping[str, Any], world_size: int) -> list[str]:

@@ -61,6 +61,23 @@ PROFILE = FrameworkProfile(
 PRE_CORE = replace(PROFILE, version="Megatron-LM of 2021-22, before Megatron-Core's pipeline (March 2023)",
                    pipeline_scatter_gather=True)
 
+def plan_refusals(model_spec, gpus: int, plan) -> list[str]:
+    """What Megatron-Core 0.16's hybrid stack cannot run for a model with Mamba-2 layers
+    (megatron/core/ssm/mamba_block.py _select_layers_for_pipeline_parallel): interleaved stages,
+    and layer splits other than even with the first and last stage apart
+    (--decoder-first/last-pipeline-num-layers); every other plan is checked by megatron_rules."""
+    if model_spec is None or "M" not in (model_spec.layer_pattern or ""):
+        return []
+    out = []
+    if plan.vpp > 1:
+        out.append(f"vpp {plan.vpp}: Megatron's hybrid (Mamba) stack has no interleaved pipeline; use vpp 1")
+    counts = getattr(plan, "layers_per_stage", None)
+    if counts is not None and len(set(counts[1:-1])) > 1:
+        out.append(f"layers per stage {list(counts)}: Megatron's hybrid stack splits the middle stages evenly "
+                   "(only the first and last may differ); even out the middle stages")
+    return out
+
+
 SPEC = FrameworkSpec(
     name="megatron", title="Megatron-LM (Megatron-Core)",
     # --fp8-recipe mxfp8 and --fp4-format e2m1 --fp4-recipe nvfp4 (megatron/training/arguments.py,
@@ -74,6 +91,6 @@ SPEC = FrameworkSpec(
     grad_reduce_in_bf16_settable=True, sequential_experts_settable=True,
     state_bytes_per_param=(2.0, 4.0, 12.0), tied_embedding_copy_with_pp=True,
     checkpoint_bytes_per_param=14.0, async_checkpoint=True,
-    profile=PROFILE, releases=(("pre-core", PRE_CORE),),
+    profile=PROFILE, releases=(("pre-core", PRE_CORE),), plan_refusals=plan_refusals,
     exporter="autopar.export:megatron_files", importer="autopar.export.importers:plan_from_megatron_args",
 )
