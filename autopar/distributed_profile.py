@@ -250,8 +250,8 @@ class _Run:
             who = (f"rank {missing.group(1).strip()} did not reach" if missing else
                    "rank 0 or another rank stopped before")
             raise DistributedProfileError(
-                f"rank {self.launch.rank}: {who} the {what} within {self.timeout_s:g} s (hung or died); see that rank's "
-                "log, or raise --timeout for a slow start") from None
+                f"rank {self.launch.rank}: {who} the {what} within {self.timeout_s:g} s (hung or died); see that "
+                "rank's log, or raise --timeout for a slow start") from None
 
     def gather(self, obj: Any, what: str) -> list[Any]:
         """Every rank's `obj`, on the gloo group; a rank that does not take part is one line."""
@@ -339,8 +339,9 @@ def measure(run: _Run, sizes: list[int], quick: bool) -> list[dict[str, Any]]:
                     t = _median_s(fn, run.sync, warmup, repeats)
                 except Exception as exc:  # noqa: BLE001
                     raise DistributedProfileError(
-                        f"rank {launch.rank}: {op} of {nbytes:,} bytes on the {kind}-node group failed ({_cause(exc)}); "
-                        "a rank in its group hung or died: see the first error above and that rank's log") from None
+                        f"rank {launch.rank}: {op} of {nbytes:,} bytes on the {kind}-node group failed "
+                        f"({_cause(exc)}); a rank in its group hung or died: see the first error above and that "
+                        "rank's log") from None
                 rows.append({"kind": kind, "op": op, "group_size": n, "bytes": nbytes, "time_s": t})
         run.barrier(f"send/recv benchmark across the {kind}-node pairs")
         pairs = send_recv_pairs(launch.world, launch.local_world, kind)
@@ -387,6 +388,11 @@ def summary(rows: list[dict[str, Any]]) -> dict[str, float | None]:
 
     return {"intra_busbw_bytes_per_s": best("intra"), "inter_busbw_bytes_per_s": best("inter"),
             "intra_latency_s": latency("intra"), "inter_latency_s": latency("inter")}
+
+
+def _us(measured_s: float | None, fallback_us: float) -> float:
+    """A latency in microseconds to 4 digits: the measured one, else the base profile's."""
+    return float(f"{(measured_s * 1e6 if measured_s is not None else fallback_us):.4g}")
 
 
 def fit_saturation(points: list[tuple[float, float]]) -> tuple[float, float]:
@@ -444,7 +450,8 @@ def build_files(rows: list[dict[str, Any]], launch: Launch, base_profile, base_c
         if s["intra_busbw_bytes_per_s"]:
             intra_gb = s["intra_busbw_bytes_per_s"] / 1e9
         if s["inter_busbw_bytes_per_s"]:
-            nic_gbit = s["inter_busbw_bytes_per_s"] * launch.local_world * net.oversubscription / net.nics_per_node * 8 / 1e9
+            node_bytes_per_s = s["inter_busbw_bytes_per_s"] * launch.local_world * net.oversubscription
+            nic_gbit = node_bytes_per_s / net.nics_per_node * 8 / 1e9
     cost_name = Path(out).with_suffix("").name + ".cost.json"
     today = date.today().isoformat()
     what = (f"{launch.nodes} node(s) x {launch.local_world} rank(s), {library}, torch {torch_version}, "
@@ -460,9 +467,9 @@ def build_files(rows: list[dict[str, Any]], launch: Launch, base_profile, base_c
                     + "; ".join(base_profile.sources)],
         "gpu": base_profile.gpu.model_dump(mode="json", exclude_none=True),
         "node": {"gpus_per_node": launch.local_world, "intra_node_gb_per_s": float(f"{intra_gb:.6g}"),
-                 "intra_node_latency_us": float(f"{(s['intra_latency_s'] or node.intra_node_latency_us * 1e-6) * 1e6:.4g}")},
+                 "intra_node_latency_us": _us(s["intra_latency_s"], node.intra_node_latency_us)},
         "network": {"nics_per_node": net.nics_per_node, "nic_gbit_per_s": float(f"{nic_gbit:.6g}"),
-                    "latency_us": float(f"{(s['inter_latency_s'] or net.latency_us * 1e-6) * 1e6:.4g}"),
+                    "latency_us": _us(s["inter_latency_s"], net.latency_us),
                     "topology": net.topology, "oversubscription": net.oversubscription},
         "cost_model": cost_name,
     }
@@ -472,10 +479,12 @@ def build_files(rows: list[dict[str, Any]], launch: Launch, base_profile, base_c
     update: dict[str, float] = {}
     intra = _rows(rows, "intra", "all_reduce")
     if intra:
-        top, half = fit_saturation([(r["bytes"], r["busbw_bytes_per_s"] / cluster.intra_node_bytes_per_s) for r in intra])
+        rate = cluster.intra_node_bytes_per_s
+        top, half = fit_saturation([(r["bytes"], r["busbw_bytes_per_s"] / rate) for r in intra])
         update |= {"intra_node": min(max(top, 1e-6), 1.0), "half_message_bytes": half}
     if s["inter_busbw_bytes_per_s"]:
-        update["inter_node"] = min(max(s["inter_busbw_bytes_per_s"] / cluster.inter_node_bytes_per_s_per_gpu, 1e-6), 1.0)
+        share = cluster.inter_node_bytes_per_s_per_gpu
+        update["inter_node"] = min(max(s["inter_busbw_bytes_per_s"] / share, 1e-6), 1.0)
     network = network.model_copy(update=update)
     notes = (f"Network efficiencies measured by `{command}` ({what}); compute and memory parameters from the base "
              f"file {base_cost.name}. intra_node: the intra-node all-reduce bus bandwidth curve over "
@@ -485,7 +494,7 @@ def build_files(rows: list[dict[str, Any]], launch: Launch, base_profile, base_c
                                                                           "bus bandwidths measured."))
     prov = {"method": "profiled", "command": command, "date": today,
             "sources": [f"torch {torch_version}", library, f"python {platform.python_version()} on "
-                        f"{platform.platform()}", f"bus bandwidth: NVIDIA/nccl-tests doc/PERFORMANCE.md"],
+                        f"{platform.platform()}", "bus bandwidth: NVIDIA/nccl-tests doc/PERFORMANCE.md"],
             "notes": notes}
     groups = {"intra": intra_groups(launch.world, launch.local_world) if launch.local_world > 1 else [],
               "inter": inter_groups(launch.world, launch.local_world) if launch.nodes > 1 else [],
@@ -510,9 +519,11 @@ def profile_distributed(out: str, *, cluster: str | None = None, quick: bool = F
                         command: str = "autopar profile --distributed") -> dict[str, Any] | None:
     """Run on every rank; rank 0 writes `out` (cluster YAML) and the cost model beside it and
     returns {"out", "cost_model", "summary", "rows"}; every other rank returns None."""
-    from autopar.profile import _torch
-
-    torch = _torch()
+    try:
+        import torch
+    except ImportError:
+        raise AutoparError("autopar profile --distributed needs PyTorch; install it with `pip install "
+                           "'autopar[profile]'` (or `pip install torch`)") from None
     launch = launch_from_env()
     if launch.world < 2:
         raise DistributedProfileError(f"rank {launch.rank}: a distributed profile needs at least 2 ranks and this "

@@ -3,7 +3,6 @@ two torchrun invocations (--nnodes 2 --node-rank 0/1), and the figures of the fi
 the failure paths (one rank, unequal launches, a hung rank, no launcher) end in one line naming
 the rank; the bus-bandwidth formulas, groups and fit by hand."""
 
-import json
 import os
 import socket
 import subprocess

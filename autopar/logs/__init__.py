@@ -64,8 +64,8 @@ def _model_for(log: ParsedLog, model: str | None) -> str:
                                   "model the log trains")
         return model
     if log.model is None:
-        raise LogError(f"log {log.path}: the logged {'arguments match no preset' if log.model_fields else 'config does not name a preset model'}; "
-                       "pass --model with a preset, config.json or model YAML")
+        said = "arguments match no preset" if log.model_fields else "config does not name a preset model"
+        raise LogError(f"log {log.path}: the logged {said}; pass --model with a preset, config.json or model YAML")
     return log.model
 
 
