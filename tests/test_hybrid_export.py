@@ -173,3 +173,41 @@ def test_megatron_core_accepts_the_mixer_settings(name):
     if pattern is not None:
         layers = allocate_layers(a["num_layers"], 0.0, 0.0, pattern)
         assert "".join(layers) == pattern and len(layers) == pf.target.model_spec.num_layers
+
+
+# ---- DeepSpeed: through the Hugging Face model --------------------------------------------------
+
+PRESETS_2026 = ("nemotron-h-56b", "qwen3-next-80b-a3b", "kimi-linear-48b-a3b", "gpt-oss-120b",
+                "llama4-maverick-17b-128e", "kimi-k2", "deepseek-v3.2-exp")
+
+
+@pytest.mark.parametrize("preset", PRESETS_2026)
+def test_deepspeed_export_is_the_hugging_face_model_with_autopars_count(preset):
+    """The exported config.json is read back into the same spec, and transformers builds from it (on
+    the meta device) a model with exactly autopar's parameter count (the HF models carry no MTP)."""
+    import json
+
+    pf = plan_file(preset, 8, global_batch=8, seq_len=4096, framework="deepspeed", zero=3)
+    files = export(pf, "deepspeed")
+    cfg = json.loads(files["config.json"])
+    g = load_model(preset)
+    transformers = pytest.importorskip("transformers")
+    torch = pytest.importorskip("torch")
+    body = {k: v for k, v in cfg.items() if k not in ("model_type", "architectures", "_name_or_path")}
+    config = transformers.CONFIG_MAPPING[cfg["model_type"]](**body)
+    with torch.device("meta"):
+        model = transformers.AutoModelForCausalLM.from_config(config)
+    assert sum(p.numel() for p in model.parameters()) == g.total_params - g.mtp_params
+
+
+def test_torchtitan_refuses_layer_kinds_its_flavours_lack():
+    """A Llama 3 8B shape (torchtitan's llama3 8B flavour) with a per-layer pattern or sinks is not
+    what the flavour builds: refused with the kinds named."""
+    from autopar.frameworks import model_refusals
+
+    base = load_model("llama3-8b").spec
+    assert model_refusals("torchtitan", base) == []
+    patterned = base.model_copy(update=dict(ffn_pattern="D" * 31 + "-"))
+    sinks = base.model_copy(update=dict(attention_sinks=True))
+    assert any("layer_pattern / ffn_pattern" in r for r in model_refusals("torchtitan", patterned))
+    assert any("attention sinks" in r for r in model_refusals("torchtitan", sinks))

@@ -89,15 +89,111 @@ def _moe(spec: ModelSpec, model_type: str) -> dict[str, Any]:
             "seq_aux": moe.aux_loss_per_sequence}
 
 
+_ARCHITECTURES_2026 = {"nemotron_h": "NemotronHForCausalLM", "qwen3_next": "Qwen3NextForCausalLM",
+                       "kimi_linear": "KimiLinearForCausalLM", "gpt_oss": "GptOssForCausalLM",
+                       "llama4_text": "Llama4ForCausalLM", "deepseek_v32": "DeepseekV32ForCausalLM"}
+
+
+def model_type_2026(spec: ModelSpec) -> str | None:
+    """The model_type of the 2025-26 families (HF transformers 5 has each): None for the others."""
+    letters = set(spec.layer_pattern or "")
+    if "M" in letters:
+        return "nemotron_h"
+    if "G" in letters:
+        return "qwen3_next"
+    if "K" in letters:
+        return "kimi_linear"
+    if spec.attention_sinks:
+        return "gpt_oss"
+    if spec.indexer is not None:
+        return "deepseek_v32"
+    if spec.attention_chunk_size is not None or "N" in letters and spec.mla is None:
+        return "llama4_text"
+    return None
+
+
+def _config_2026(spec: ModelSpec, model_type: str) -> dict[str, Any]:
+    """config.json keys of a 2025-26 family, the inverse of its builder in autopar.model.hf_config."""
+    from autopar.model.mixers import hybrid_pattern
+
+    n, moe = spec.num_layers, spec.moe
+    if model_type == "nemotron_h":
+        m = spec.mamba
+        cfg = _decoder(spec, model_type)
+        cfg |= {"hybrid_override_pattern": hybrid_pattern(spec.layer_pattern, spec.ffn_pattern or "D" * n) or "",
+                "attention_head_dim": cfg.pop("head_dim", spec.head_size), "mlp_hidden_act": spec.activation,
+                "mamba_num_heads": m.num_heads, "mamba_head_dim": m.head_dim, "ssm_state_size": m.state_size,
+                "n_groups": m.num_groups, "conv_kernel": m.conv_kernel, "chunk_size": m.chunk_size,
+                "use_conv_bias": m.conv_bias, "use_bias": m.proj_bias, "mlp_bias": spec.mlp_bias,
+                "attention_bias": spec.qkv_bias}
+        cfg.pop("rope_theta", None)
+        if moe is not None:
+            cfg |= {"n_routed_experts": moe.num_experts, "num_experts_per_tok": moe.top_k,
+                    "moe_intermediate_size": moe.expert_ffn_hidden_size, "n_shared_experts": moe.num_shared_experts,
+                    "moe_shared_expert_intermediate_size": moe.shared_expert_ffn_hidden_size}
+        return cfg
+    if model_type == "qwen3_next":
+        la = spec.linear_attention
+        cfg = _decoder(spec, model_type)
+        cfg |= {"layer_types": ["linear_attention" if c == "G" else "full_attention" for c in spec.layer_pattern],
+                "linear_num_key_heads": la.num_key_heads, "linear_num_value_heads": la.num_value_heads,
+                "linear_key_head_dim": la.key_head_dim, "linear_value_head_dim": la.value_head_dim,
+                "linear_conv_kernel_dim": la.conv_kernel, "partial_rotary_factor": spec.rotary_percent,
+                "num_experts": moe.num_experts, "num_experts_per_tok": moe.top_k,
+                "moe_intermediate_size": moe.expert_ffn_hidden_size, "norm_topk_prob": moe.norm_topk_prob,
+                "shared_expert_intermediate_size": moe.shared_expert_ffn_hidden_size, "decoder_sparse_step": 1,
+                "mlp_only_layers": [i for i in range(n) if spec.ffn_of(i) == "D"],
+                "router_aux_loss_coef": moe.aux_loss_coeff, "mtp_num_hidden_layers": spec.mtp_layers}
+        return cfg
+    if model_type == "gpt_oss":
+        cfg = _decoder(spec, model_type)
+        cfg |= {"layer_types": ["sliding_attention" if c == "W" else "full_attention" for c in spec.layer_pattern],
+                "sliding_window": spec.sliding_window, "attention_bias": spec.qkv_bias,
+                "num_local_experts": moe.num_experts, "num_experts_per_tok": moe.top_k,
+                "router_aux_loss_coef": moe.aux_loss_coeff}
+        return cfg
+    if model_type == "llama4_text":
+        cfg = _decoder(spec, model_type)
+        cfg |= {"intermediate_size": moe.expert_ffn_hidden_size, "intermediate_size_mlp": spec.ffn_hidden_size,
+                "moe_layers": [i for i in range(n) if spec.ffn_of(i) == "E"],
+                "no_rope_layers": [int(c != "N") for c in spec.layer_pattern],
+                "attention_chunk_size": spec.attention_chunk_size, "attention_bias": spec.qkv_bias,
+                "num_local_experts": moe.num_experts, "num_experts_per_tok": moe.top_k,
+                "router_aux_loss_coef": moe.aux_loss_coeff}
+        return cfg
+    cfg = _decoder(spec, model_type) | _mla_keys(spec) | _moe(spec, "deepseek_v3")
+    cfg.pop("head_dim", None)
+    if model_type == "deepseek_v32":
+        ix = spec.indexer
+        return cfg | {"index_n_heads": ix.num_heads, "index_head_dim": ix.head_dim, "index_topk": ix.top_k}
+    kda, la = [i + 1 for i in range(n) if spec.layer_pattern[i] == "K"], spec.linear_attention
+    return cfg | {"linear_attn_config": {"kda_layers": kda, "full_attn_layers": [i + 1 for i in range(n)
+                                                                                 if i + 1 not in kda],
+                                         "num_heads": la.num_key_heads, "head_dim": la.key_head_dim,
+                                         "short_conv_kernel_size": la.conv_kernel},
+                  "mla_use_nope": "N" in spec.layer_pattern, "moe_router_activation_func": moe.score_function,
+                  "moe_renormalize": moe.norm_topk_prob, "num_shared_experts": moe.num_shared_experts}
+
+
+def _mla_keys(spec: ModelSpec) -> dict[str, Any]:
+    mla = spec.mla
+    return {"q_lora_rank": mla.q_lora_rank, "kv_lora_rank": mla.kv_lora_rank, "qk_nope_head_dim": mla.qk_nope_head_dim,
+            "qk_rope_head_dim": mla.qk_rope_head_dim, "v_head_dim": mla.v_head_dim,
+            "num_nextn_predict_layers": spec.mtp_layers}
+
+
 def hf_config_from_spec(spec: ModelSpec) -> dict[str, Any]:
     """config.json keys of the spec's model_type, or ExportError when no model_type has its
     architecture (checked by reading the result back)."""
     from autopar.model.hf_config import spec_from_hf_config
 
-    model_type = model_type_of(spec)
-    cfg: dict[str, Any] = {"architectures": [_ARCHITECTURES[model_type]], "model_type": model_type,
-                           "_name_or_path": spec.name}
-    if model_type == "gpt2":
+    new = model_type_2026(spec)
+    model_type = new or model_type_of(spec)
+    cfg: dict[str, Any] = {"architectures": [(_ARCHITECTURES_2026 if new else _ARCHITECTURES)[model_type]],
+                           "model_type": model_type, "_name_or_path": spec.name}
+    if new:
+        cfg |= _config_2026(spec, model_type)
+    elif model_type == "gpt2":
         cfg |= {"n_layer": spec.num_layers, "n_embd": spec.hidden_size, "n_head": spec.num_attention_heads,
                 "n_inner": spec.ffn_hidden_size, "vocab_size": spec.vocab_size,
                 "n_positions": spec.max_position_embeddings or spec.seq_length,

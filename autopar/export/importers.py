@@ -259,11 +259,34 @@ def _megatron_refusals(a: Mapping[str, Any], num_gpus: int | None) -> None:
         raise InputFileError("Megatron would refuse these arguments: " + "; ".join(problems))
 
 
+# Megatron-LM flags (megatron/training/arguments.py) that set data, tokenizer, optimizer values, logging,
+# checkpoints or initialisation: they change no step time or memory, so an import reads past them quietly.
+_NO_COST_FLAGS = frozenset({
+    "--split", "--train-iters", "--train-samples", "--lr", "--min-lr", "--weight-decay", "--clip-grad",
+    "--init-method-std", "--seed", "--vocab-file", "--merge-file", "--mock-data", "--distributed-backend",
+    "--distributed-timeout-minutes", "--use-flash-attn", "--transformer-impl", "--attention-backend",
+    "--use-mcore-models", "--no-masked-softmax-fusion", "--attention-softmax-in-fp32", "--manual-gc",
+    "--start-weight-decay", "--end-weight-decay", "--weight-decay-incr-style", "--optimizer", "--sgd-momentum",
+    "--override-opt_param-scheduler", "--use-checkpoint-opt_param-scheduler", "--finetune", "--no-load-optim",
+    "--no-load-rng", "--pretrained-checkpoint", "--profile", "--profile-step-start", "--profile-step-end",
+    "--num-workers", "--reset-position-ids", "--reset-attention-mask", "--eod-mask-loss", "--use-dist-ckpt",
+    "--auto-detect-ckpt-format", "--dist-ckpt-format", "--no-create-attention-mask-in-dataloader",
+    "--exit-duration-in-mins", "--exit-interval", "--exit-signal-handler", "--timing-log-level",
+    "--timing-log-option", "--bias-gelu-fusion", "--no-bias-gelu-fusion", "--no-bias-swiglu-fusion",
+    "--no-bias-dropout-fusion", "--cross-entropy-loss-fusion", "--cross-entropy-fusion-impl"})
+_NO_COST_PREFIXES = ("--data-", "--train-data", "--valid-data", "--test-data", "--tokenizer-", "--save", "--load",
+                     "--log-", "--eval-", "--lr-", "--adam-", "--wandb-", "--tensorboard", "--ckpt-", "--fp8-amax-",
+                     "--no-save-", "--no-load-", "--rerun-", "--check-", "--one-logger", "--no-one-logger",
+                     "--hidden-dropout-", "--loss-scale", "--initial-loss-scale", "--min-loss-scale")
+
+
 def megatron_ignored_flags(args: str | Path | list[str]) -> list[str]:
-    """The flags of Megatron arguments (as plan_from_megatron_args reads them) that autopar does not
-    read, in order: data, optimizer, logging and checkpoint settings, or a misspelt flag."""
+    """The flags of Megatron arguments (as plan_from_megatron_args reads them) that autopar neither
+    reads nor knows as cost-free (_NO_COST_FLAGS: data, optimizer values, logging, checkpoints), in
+    order: a flag autopar does not model, or a misspelt one."""
     argv, _ = _argv(args)
-    return parse_megatron_argv(argv)["unknown"]
+    return [f for f in parse_megatron_argv(argv)["unknown"]
+            if f not in _NO_COST_FLAGS and not f.startswith(_NO_COST_PREFIXES)]
 
 
 def ignored_flags_note(args: str | Path | list[str]) -> str | None:
@@ -273,7 +296,7 @@ def ignored_flags_note(args: str | Path | list[str]) -> str | None:
         return None
     shown = ", ".join(flags[:40]) + (f" and {len(flags) - 40} more" if len(flags) > 40 else "")
     return (f"autopar ignored {len(flags)} flag{'s' if len(flags) > 1 else ''} it does not model (no effect on the "
-            f"estimate; check for a misspelling): {shown}")
+            f"estimate; check the spelling): {shown}")
 
 
 def model_from_megatron_args(args: str | Path | list[str], name: str = "megatron-script"):

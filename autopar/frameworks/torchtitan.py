@@ -175,6 +175,14 @@ def model_refusals(spec) -> list[str]:
     if spec.mtp_layers:
         out.append(f"{spec.mtp_layers} MTP layer(s): torchtitan's {spec.name} config builds no MTP module and no "
                    "flag adds one; use --framework megatron")
+    kinds = [what for what, present in (
+        ("per-layer mixers or feed-forward blocks (layer_pattern / ffn_pattern)", spec.is_hybrid),
+        ("attention sinks", spec.attention_sinks), ("a gated attention output", spec.attention_output_gate),
+        ("chunked attention", spec.attention_chunk_size is not None), ("a DSA indexer", spec.indexer is not None),
+        (f"{spec.activation} MLPs", spec.activation == "relu2")) if present]
+    if kinds:
+        out.append(f"{', '.join(kinds)}: the {flavour.module} {flavour.flavor} flavour's layers are uniform "
+                   "attention + MLP blocks without them; use --framework megatron or deepspeed")
     return out
 
 

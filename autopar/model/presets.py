@@ -169,7 +169,7 @@ def _kimi_k2() -> ModelSpec:
 def _deepseek_v32() -> ModelSpec:
     v3 = _deepseek_v3()
     return v3.model_copy(update=dict(
-        name="deepseek-v3.2-exp", seq_length=8192,
+        name="deepseek-v3.2-exp", seq_length=8192, num_kv_heads=128,
         source="deepseek-ai/DeepSeek-V3.2-Exp config.json: DeepSeek-V3's shapes and the DSA indexer (index_n_heads 64, "
                "index_head_dim 128, index_topk 2048)",
         indexer=_checked(IndexerSpec, num_heads=64, head_dim=128, top_k=2048)))
