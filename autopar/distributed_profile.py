@@ -473,6 +473,9 @@ def build_files(rows: list[dict[str, Any]], launch: Launch, base_profile, base_c
                     "topology": net.topology, "oversubscription": net.oversubscription},
         "cost_model": cost_name,
     }
+    if s["inter_busbw_bytes_per_s"] is None:
+        profile["sources"].append(f"Inter-node figures (NIC rate, latency, efficiency) not measured: one node; they are "
+                                  f"the {base_profile.name} profile's and its cost model's")
     checked = ClusterProfile.model_validate(profile)
     cluster = cluster_from_profile(checked, launch.world, launch.nodes)
     network = base_cost.network

@@ -255,3 +255,26 @@ def test_a_profile_that_names_its_cost_model_is_planned_with_it(tmp_path):
     shipped = api.estimate_plan("llama3-8b", "dgx-h100", 16, plan)
     assert given.step_time_s == pytest.approx(shipped.step_time_s)
     assert own.step_time_s > shipped.step_time_s
+
+
+def test_one_node_measures_inside_it_and_says_the_rest_is_the_base(tmp_path):
+    pytest.importorskip("torch")
+    from autopar.cost.params import load_cost_model
+    from autopar.hardware import load_profile
+
+    port = _free_port()
+    r = subprocess.run([sys.executable, "-m", "torch.distributed.run", "--nnodes", "1", "--nproc-per-node", "2",
+                        "--master-addr", "127.0.0.1", "--master-port", str(port), "-m", "autopar", "profile",
+                        "--distributed", "--quick", "--out", str(tmp_path / "one.yaml")], cwd=tmp_path,
+                       env={**os.environ, "OMP_NUM_THREADS": "1"}, capture_output=True, text=True, timeout=150)
+    assert r.returncode == 0, r.stdout + r.stderr
+    prof = load_profile(str(tmp_path / "one.yaml"))
+    base = load_profile("dgx-h100")
+    assert prof.node.gpus_per_node == 2
+    assert (prof.network.nic_gbit_per_s, prof.network.latency_us) == (base.network.nic_gbit_per_s,
+                                                                      base.network.latency_us)
+    assert any("not measured: one node" in s for s in prof.sources)
+    f, _ = load_cost_model(str(tmp_path / "one.cost.json"))
+    m = f.measurements["distributed"]
+    assert m["nodes"] == 1 and m["groups"]["inter"] == [] and {r["kind"] for r in m["collectives"]} == {"intra"}
+    assert f.network.inter_node == load_cost_model("h100")[0].network.inter_node
