@@ -224,3 +224,54 @@ def test_log_option_refusals(args, message, tmp_path, monkeypatch):
 def test_log_errors_are_input_errors():
     with pytest.raises(LogError):
         read_log(str(MEG_014), "deepspeed")
+
+
+def _config_from_torchtitan_export(script: str) -> dict:
+    """The config dict torchtitan would log for an exported launch script's PLAN_ARGS (flags
+    --section.key-name value, booleans --x / --no-x) and activation-checkpoint subcommand."""
+    body = script.split("PLAN_ARGS=(", 1)[1].split("\n)", 1)[0].split()
+    config: dict = {}
+    i = 0
+    while i < len(body):
+        flag = body[i]
+        i += 1
+        if "." not in flag:
+            i += 1  # --module / --config and their value
+            continue
+        section, key = flag[2:].split(".", 1)
+        values = []
+        while i < len(body) and not body[i].startswith("--"):
+            values.append(body[i])
+            i += 1
+        key = key.replace("-", "_")
+        if not values:
+            value, key = (False, key[3:]) if key.startswith("no_") else (True, key)
+        else:
+            value = [v.split(",") for v in values] if key == "module_fqns_per_model_part" else (
+                int(values[0]) if values[0].lstrip("-").isdigit() else values[0])
+        config.setdefault(section, {})[key] = value
+    ac = script.rsplit("activation-checkpoint:", 1)[1].split()[0]
+    config["activation_checkpoint"] = {"none": None, "selective": {"force_recompute_mm_shapes_by_fqns": []},
+                                       "full": {"preserve_rng_state": True}}[ac]
+    return config
+
+
+@pytest.mark.parametrize("fix, gpus, batch", [("tp=2,pp=2", 16, 64), ("tp=1,pp=1,zero=3", 8, 32),
+                                              ("tp=4,pp=1,zero=3,recompute=full", 8, 16)])
+def test_torchtitan_config_maps_back_to_the_exported_plan(tmp_path, fix, gpus, batch):
+    """plan_fields is the inverse of autopar.export.torchtitan: the config an export sets gives back
+    the plan it was exported from."""
+    from autopar.logs.torchtitan import plan_fields
+    from autopar.schema.plan import ParallelPlan
+
+    out = tmp_path / "run"
+    r = runner.invoke(app, ["plan", "llama3-8b", "-c", "dgx-h100", "-n", str(gpus), "-b", str(batch),
+                            "--framework", "torchtitan", "--fix", fix, "--export", "torchtitan", "--out", str(out)])
+    assert r.exit_code == 0, r.output
+    planned = json.loads((out / "plan.json").read_text())["parallel"]
+    config = _config_from_torchtitan_export((out / "launch_torchtitan.sh").read_text())
+    back = ParallelPlan(**plan_fields(config, gpus))
+    for key in ("tp", "pp", "cp", "ep", "vpp", "mbs", "global_batch", "seq_len", "zero"):
+        assert getattr(back, key) == planned[key], key
+    assert back.recompute.mode.value == (planned["recompute"]["mode"] if isinstance(planned["recompute"], dict)
+                                         else planned["recompute"])
