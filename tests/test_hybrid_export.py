@@ -211,3 +211,23 @@ def test_torchtitan_refuses_layer_kinds_its_flavours_lack():
     sinks = base.model_copy(update=dict(attention_sinks=True))
     assert any("layer_pattern / ffn_pattern" in r for r in model_refusals("torchtitan", patterned))
     assert any("attention sinks" in r for r in model_refusals("torchtitan", sinks))
+
+
+@pytest.mark.parametrize("name", ["nemotron-h tp8 pp2", "qwen3-next tp2 ep16", "deepseek-v3.2 ep32", "gpt-oss layers",
+                                  "llama4 layers"])
+def test_megatron_arguments_read_back_into_the_same_model(name):
+    """The importer reads the mixer flags back (the inverse of the export): the same layer kinds,
+    sizes and parameter count."""
+    from autopar.export.importers import model_from_megatron_args
+    from autopar.model import build_graph
+
+    pf = CASES[name]()
+    spec = pf.target.model_spec
+    back = model_from_megatron_args(megatron_args(pf), spec.name)
+    for field in ("mamba", "linear_attention", "indexer", "attention_sinks", "attention_output_gate", "activation",
+                  "sliding_window", "num_layers"):
+        assert getattr(back, field) == getattr(spec, field), field
+    layers = range(spec.num_layers)
+    assert [back.mixer_of(i) for i in layers] == [spec.mixer_of(i) for i in layers]
+    assert [back.ffn_of(i) for i in layers] == [spec.ffn_of(i) for i in layers]
+    assert build_graph(back).total_params == build_graph(spec).total_params

@@ -322,12 +322,13 @@ def model_from_megatron_args(args: str | Path | list[str], name: str = "megatron
 
 def _refuse_unmodelled(a: Mapping[str, Any]) -> None:
     unmodelled = {"use_torch_fsdp2": "--use-torch-fsdp2",
-                  "squared_relu": "--squared-relu", "quick_geglu": "--quick-geglu", "fp16": "--fp16",
+                  "quick_geglu": "--quick-geglu", "fp16": "--fp16",
                   "use_legacy_models": "--use-legacy-models",
                   "account_for_embedding_in_pipeline_split": "--account-for-embedding-in-pipeline-split",
                   "account_for_loss_in_pipeline_split": "--account-for-loss-in-pipeline-split"}
     found = [flag for dest, flag in unmodelled.items() if a[dest]]
-    if a["position_embedding_type"] not in ("rope", "learned_absolute") and not a["use_rotary_position_embeddings"]:
+    if a["position_embedding_type"] not in ("rope", "learned_absolute", "none") and \
+            not a["use_rotary_position_embeddings"]:
         found.append(f"--position-embedding-type {a['position_embedding_type']}")
     if a["use_megatron_fsdp"] and a["data_parallel_sharding_strategy"] not in ("optim_grads", "optim_grads_params"):
         found.append(f"--use-megatron-fsdp with --data-parallel-sharding-strategy "
@@ -477,7 +478,70 @@ def megatron_model_fields(a: Mapping[str, Any]) -> dict[str, Any]:
                          "v_head_dim": a["v_head_dim"]}
     if a["num_experts"]:
         fields["moe"] = _moe_fields(a)
-    return fields
+    return fields | _mixer_fields(a, fields)
+
+
+def _every(freq: int | list | None, layers: int, one_is_kind: bool = True) -> list[int] | None:
+    """Megatron's per-layer 0/1 frequency flags as a list: an int N is N-1 of one kind then one of
+    the other (window_attn_skip_freq, linear_attention_freq: 1 = SWA / LA; no_rope_freq: 1 = NoPE
+    on every N-th)."""
+    if freq is None:
+        return None
+    if isinstance(freq, list):
+        return freq
+    return [int(((i + 1) % freq != 0) == one_is_kind) for i in range(layers)]
+
+
+def _mixer_fields(a: Mapping[str, Any], fields: dict[str, Any]) -> dict[str, Any]:
+    """The layer kinds beyond attention + MLP (the inverse of megatron.mixer_args): the hybrid
+    pattern and Mamba-2 sizes, Gated DeltaNet, DSA, per-layer windows, NoPE layers, sinks, the
+    attention output gate, squared ReLU."""
+    layers, out = a["num_layers"] or 0, {}
+    if a["squared_relu"]:
+        out["activation"] = "relu2"
+    nope = a["position_embedding_type"] == "none"
+    if nope:
+        out["position_embedding"] = "rope"
+    mixers, ffns = ["A"] * layers, None
+    if a["hybrid_override_pattern"] is not None and len(a["hybrid_override_pattern"]) == layers:
+        from autopar.model.mixers import split_hybrid_pattern
+
+        mix, ffn = split_hybrid_pattern(a["hybrid_override_pattern"])
+        mixers, ffns = [("N" if nope else "A") if c == "N" else c for c in mix], ffn
+        heads = a["mamba_num_heads"] or 2 * a["hidden_size"] // a["mamba_head_dim"]
+        out["mamba"] = {"num_heads": heads, "head_dim": a["mamba_head_dim"], "state_size": a["mamba_state_dim"],
+                        "num_groups": a["mamba_num_groups"], "proj_bias": a["add_bias_linear"]}
+    elif nope:
+        mixers = ["N"] * layers
+    variant = a["experimental_attention_variant"]
+    if variant == "gated_delta_net":
+        la = _every(a["linear_attention_freq"], layers) or [0] * layers
+        mixers = ["G" if x else m for x, m in zip(la, mixers)]
+        out["linear_attention"] = {"kind": "gated_deltanet", "num_key_heads": a["linear_num_key_heads"],
+                                   "num_value_heads": a["linear_num_value_heads"],
+                                   "key_head_dim": a["linear_key_head_dim"],
+                                   "value_head_dim": a["linear_value_head_dim"],
+                                   "conv_kernel": a["linear_conv_kernel_dim"]}
+    if variant == "dsa":
+        out["indexer"] = {"num_heads": a["dsa_indexer_n_heads"], "head_dim": a["dsa_indexer_head_dim"],
+                          "top_k": a["dsa_indexer_topk"]}
+    swa = _every(a["window_attn_skip_freq"], layers) if fields.get("sliding_window") else None
+    if swa is not None:
+        mixers = ["W" if x and m == "A" else m for x, m in zip(swa, mixers)]
+    no_rope = _every(a["no_rope_freq"], layers, one_is_kind=False)
+    if no_rope is not None:
+        mixers = ["N" if x and m == "A" else m for x, m in zip(no_rope, mixers)]
+    if a["softmax_type"] == "learnable":
+        out["attention_sinks"] = True
+    if a["num_experts"] and a["add_bias_linear"]:  # megatron-core's experts and router take add_bias_linear
+        out["moe"] = {**fields["moe"], "expert_mlp_bias": True, "router_bias": True}
+    if a["attention_output_gate"]:
+        out["attention_output_gate"] = True
+    if set(mixers) != {"A"} and layers:
+        out["layer_pattern"] = "".join(mixers)
+    if ffns is not None:
+        out["ffn_pattern"] = ffns
+    return out
 
 
 def _moe_fields(a: Mapping[str, Any]) -> dict[str, Any]:
