@@ -269,6 +269,20 @@ def model_from_launch(from_megatron: str, name: str = "megatron-script"):
     return model_from_megatron_args(from_megatron, name)
 
 
+def estimate_launch(from_megatron: str, cluster: str, gpus: int, cost_model: str | None = None,
+                    memory_margin: float = DEFAULT_MEMORY_MARGIN):
+    """(plan, estimate, model spec) of a Megatron command line or script whose flags describe the
+    model too (model_from_launch): `estimate --from-megatron` without a model."""
+    from autopar.model import build_graph
+
+    spec = model_from_launch(from_megatron)
+    plan, _ = framework_spec("megatron").import_function()(from_megatron, num_gpus=gpus)
+    g = build_graph(spec)
+    c = load_cluster(cluster, gpus)
+    check_layout(plan, c, g)
+    return plan, estimate(g, c, plan, resolve_cost_model(c, cost_model), memory_margin), spec
+
+
 _SHAPE_KEYS = (("num_layers", "layers"), ("hidden_size", "hidden size"), ("num_attention_heads", "heads"))
 
 
@@ -506,7 +520,7 @@ def run_options(train_tokens: str | None, *, gpu_hour_cost: float | None = None,
         async_save=async_save, checkpoint_interval_s=None if checkpoint_minutes is None else checkpoint_minutes * 60.0)
 
 
-def run_for(model: str, cluster: str, gpus: int, plan: ParallelPlan, est: Estimate, opts) -> dict[str, Any]:
+def run_for(model, cluster: str, gpus: int, plan: ParallelPlan, est: Estimate, opts) -> dict[str, Any]:
     """The `run` block of one plan's estimate: days, GPU-hours, cost, interruptions, checkpoints
     and goodput to opts.train_tokens (autopar.cost.run.run_block), the days' band from the
     estimate's throughput band."""
@@ -519,7 +533,10 @@ def run_for(model: str, cluster: str, gpus: int, plan: ParallelPlan, est: Estima
         raise InvalidPlanError(f"{plan.framework} saves checkpoints synchronously (it has no background save); "
                                "drop --async-save")
     low, high = estimate_band(plan, est)
-    block = run_block(params=load_model(model).total_params, num_gpus=gpus,
+    from autopar.model import build_graph
+
+    graph = load_model(model) if isinstance(model, str) else build_graph(model)  # a name or a ModelSpec
+    block = run_block(params=graph.total_params, num_gpus=gpus,
                       tokens_per_step=plan.global_batch * plan.seq_len, step_s=est.step_time_s,
                       tokens_per_s_low=low * gpus, tokens_per_s_high=high * gpus,
                       bytes_per_param=spec.checkpoint_bytes_per_param,

@@ -390,9 +390,9 @@ def _int_list(text: str | None, option: str) -> tuple[int, ...] | None:
 @app.command()
 def estimate(
     ctx: typer.Context,
-    model: ModelArg,
     cluster: ClusterOpt,
     gpus: GpusOpt,
+    model: Annotated[Optional[str], typer.Argument(metavar="[MODEL]", help="A preset name (see `autopar models`), a Hugging Face config.json, or a YAML layer-graph file; optional with --from-megatron, whose flags then describe the model.")] = None,
     global_batch: Annotated[Optional[int], typer.Option("--global-batch", "-b", min=1, max=MAX_GLOBAL_BATCH, help="Global batch size in sequences (required unless imported).")] = None,
     seq_len: SeqOpt = None,
     from_megatron: Annotated[Optional[str], typer.Option("--from-megatron", help="Score an existing Megatron-LM config: its pretrain_gpt.py arguments, or a launch script path.")] = None,
@@ -434,7 +434,18 @@ def estimate(
                        "set --cp above 1")
     _warn_cost_model(cluster, cost_model)
 
+    if model is None and not from_megatron:
+        fail("give MODEL (a preset, config.json or YAML file), or --from-megatron with a script whose flags describe "
+             "the model")
+    inferred = None
+
     def run():
+        nonlocal inferred
+        if model is None:  # the model the script's own flags describe
+            for note in api.import_notes(from_megatron):
+                print_warning(note)
+            plan, est, inferred = api.estimate_launch(from_megatron, cluster, gpus, cost_model, memory_margin)
+            return plan, est
         if from_megatron or from_deepspeed:
             typed = ctx.get_parameter_source("mbs") is click.core.ParameterSource.COMMANDLINE
             plan = api.imported_plan(from_megatron, from_deepspeed, gpus, seq_len, model,
@@ -457,7 +468,7 @@ def estimate(
     opts = _run_opts(train_tokens, gpu_hour_cost, failure_rate, checkpoint_gb_per_s, restart_minutes, async_save,
                      checkpoint_minutes)
     plan, est = _run(run)
-    whole = _run(lambda: api.run_for(model, cluster, gpus, plan, est, opts)) if opts else None
+    whole = _run(lambda: api.run_for(model or inferred, cluster, gpus, plan, est, opts)) if opts else None
     if as_json:
         _emit_json({"parallel": records.plan_to_dict(plan, gpus), **records.estimate_to_dict(est, plan),
                     **({"run": whole} if whole else {})})

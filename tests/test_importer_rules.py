@@ -225,3 +225,22 @@ def test_no_checkpointing_section_charges_no_recompute_and_full_is_full():
 
     assert plan_from_deepspeed_config(json.loads(export(pf, "deepspeed")["ds_config.json"]), 16,
                                       seq_len=4096) == pf.parallel
+
+
+def test_estimate_from_megatron_without_a_model_uses_the_scripts_flags(tmp_path):
+    import json
+
+    from autopar.cli import app
+
+    pf = ROUND_TRIP["llama3-70b tp8 pp4 vpp5"]()
+    script = tmp_path / "launch.sh"
+    script.write_text(export(pf, "megatron")["launch_megatron.sh"])
+    named = CliRunner().invoke(app, ["estimate", "llama3-70b", "-c", "dgx-h100", "-n", "1024", "--from-megatron",
+                                     str(script), "--json"])
+    inferred = CliRunner().invoke(app, ["estimate", "-c", "dgx-h100", "-n", "1024", "--from-megatron", str(script),
+                                        "--json"])
+    assert named.exit_code == 0 and inferred.exit_code == 0, inferred.output
+    a, b = json.loads(named.stdout), json.loads(inferred.stdout)
+    assert b["step_time_s"] == a["step_time_s"] and b["peak_memory_bytes"] == a["peak_memory_bytes"]
+    r = CliRunner().invoke(app, ["estimate", "-c", "dgx-h100", "-n", "8", "--global-batch", "8"])
+    assert r.exit_code == 2 and "give MODEL" in r.output
