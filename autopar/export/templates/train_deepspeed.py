@@ -2,7 +2,7 @@
 
     deepspeed train_deepspeed.py --deepspeed --deepspeed_config ds_config.json --dataset-path TOKENS.bin
 
-(launch_deepspeed.sh beside this file runs exactly that on every node). Everything this script
+(launch_deepspeed.sh beside this file runs it on the hostfile's nodes). Everything this script
 reads lies beside it: config.json (the model, Hugging Face transformers' format), ds_config.json
 (batch, ZeRO stage, bf16, optimizer and LR schedule) and the PLAN block below (sequence length,
 recompute, pipeline stages, steps, checkpoint interval as autopar planned them).
@@ -222,7 +222,8 @@ def train(engine, loader, steps: int, save_dir: str, checkpoint_interval: int) -
     """`steps` optimizer steps (each of gradient_accumulation_steps micro batches); the last loss."""
     from deepspeed.utils import RepeatingLoader
 
-    batches = iter(RepeatingLoader(loader))
+    # a pipeline's middle stages read no data (DeepSpeed gives them no loader)
+    batches = iter(RepeatingLoader(loader)) if loader is not None else None
     loss = torch.tensor(float("nan"))
     for step in range(1, steps + 1):
         if hasattr(engine, "train_batch"):  # the pipeline engine runs its whole schedule
