@@ -113,7 +113,7 @@ def test_megatron_rules_accept_every_case(name):
     ("kimi-linear-48b-a3b", "Kimi Delta Attention"), ("llama4-maverick-17b-128e", "chunked attention"),
     ("gpt-oss-120b", "YaRN"), ("kimi-k2", "betas 1.0/1.0")])
 def test_models_megatron_cannot_build_are_refused_with_the_reason(model, words):
-    pf = plan_file(model, 64, tp=8, ep=8, etp=1, global_batch=256, seq_len=4096)
+    pf = plan_file(model, 64, tp=8, ep=8, etp=1, global_batch=256, seq_len=8192)
     with pytest.raises(ExportError, match=words):
         megatron_args(pf)
 
@@ -187,7 +187,7 @@ def test_deepspeed_export_is_the_hugging_face_model_with_autopars_count(preset):
     the meta device) a model with exactly autopar's parameter count (the HF models carry no MTP)."""
     import json
 
-    pf = plan_file(preset, 8, global_batch=8, seq_len=4096, framework="deepspeed", zero=3)
+    pf = plan_file(preset, 8, global_batch=8, seq_len=8192, framework="deepspeed", zero=3)
     files = export(pf, "deepspeed")
     cfg = json.loads(files["config.json"])
     g = load_model(preset)

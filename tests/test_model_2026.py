@@ -288,3 +288,21 @@ def test_bad_yaml_patterns_are_one_line_exit_2(tmp_path, changes, words):
     out = runner.invoke(app, ["inspect", str(path)])
     assert out.exit_code == 2 and out.stderr.count("\n") == 1, out.stderr
     assert all(w in out.stderr for w in words), out.stderr
+
+
+def test_a_plan_shorter_than_the_window_is_refused():
+    """Chunks of 8192 (Llama 4) at a 4096-token sequence are full attention: the plan is refused in
+    one line naming both; the same plan at 8192 is valid."""
+    from autopar.schema.plan import ParallelPlan, plan_violations
+
+    spec = load_spec("llama4-maverick-17b-128e")
+    counts = spec.mixer_counts()
+    assert counts["max_window"] == 8192 and load_spec("gpt-oss-120b").mixer_counts()["max_window"] == 128
+    kwargs = dict(num_gpus=8, num_layers=48, num_heads=40, num_kv_heads=8, num_experts=128, **counts)
+    short = plan_violations(ParallelPlan(tp=8, global_batch=8, seq_len=4096), **kwargs)
+    assert [v for v in short if "4096 is shorter than the model's 8192-token" in v]
+    assert not [v for v in plan_violations(ParallelPlan(tp=8, global_batch=8, seq_len=8192), **kwargs)
+                if "window" in v]
+    out = runner.invoke(app, ["estimate", "llama4-maverick-17b-128e", "-c", "dgx-h100", "-n", "8", "--seq-len",
+                              "4096", "--global-batch", "8", "--tp", "8", "--ep", "8"])
+    assert out.exit_code == 2 and "8192-token attention window" in out.stderr and out.stderr.count("\n") == 1

@@ -316,7 +316,9 @@ class ModelSpec(BaseModel):
         mixer_heads = 0
         for n in counts:
             mixer_heads = gcd(mixer_heads, n)
-        return dict(mixer_heads=mixer_heads, mamba_heads=mamba, cp_blocker=blocker)
+        windows = [w for w, letter in ((self.sliding_window, "W"), (self.attention_chunk_size, "C"))
+                   if w is not None and (letter in letters or self.layer_pattern is None and letter == "W")]
+        return dict(mixer_heads=mixer_heads, mamba_heads=mamba, cp_blocker=blocker, max_window=max(windows, default=0))
 
     @property
     def is_hybrid(self) -> bool:

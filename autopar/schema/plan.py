@@ -241,12 +241,12 @@ def _json_value(v: Any) -> Any:
 
 def plan_violations(plan: ParallelPlan, num_gpus: int, num_layers: int, num_heads: int, num_kv_heads: int,
                     num_experts: int = 0, gpus_per_node: int | None = None, mixer_heads: int = 0,
-                    mamba_heads: int = 0, cp_blocker: str = "") -> list[str]:
+                    mamba_heads: int = 0, cp_blocker: str = "", max_window: int = 0) -> list[str]:
     """Every broken invariant of `plan`, each naming all its factors and the fix. Empty = valid.
     The rules are declared once, in autopar.schema.rules, with the fields each reads. The mixer
     counts come from ModelSpec.mixer_counts()."""
     return violations(Context(num_gpus, num_layers, num_heads, num_kv_heads, num_experts, gpus_per_node,
-                              mixer_heads, mamba_heads, cp_blocker), plan)
+                              mixer_heads, mamba_heads, cp_blocker, max_window), plan)
 
 
 _INT_AXES = ("tp", "pp", "dp", "cp", "ep", "etp", "vpp", "mbs", "zero")

@@ -34,6 +34,7 @@ class Context(NamedTuple):
     mixer_heads: int = 0
     mamba_heads: int = 0
     cp_blocker: str = ""
+    max_window: int = 0  # the longest attention window or chunk (0: none), which the sequence must cover
 
 
 @dataclass(frozen=True, slots=True)
@@ -95,6 +96,10 @@ RULES: tuple[Rule, ...] = (
                        f"cp {p.cp} must divide the {c.mamba_heads} Mamba-2 heads / tp {p.tp} = "
                        f"{c.mamba_heads // p.tp} (Megatron's Mamba CP all-to-alls heads over cp); use a cp that "
                        "divides them or cp 1")),
+    Rule("the sequence covers the window", ("seq_len",), lambda c, p: p.seq_len >= c.max_window,
+         lambda c, p: f"sequence length {p.seq_len} is shorter than the model's {c.max_window}-token attention "
+                      "window or chunk, which then is full attention; train at a longer sequence or describe those "
+                      "layers as full attention (layer_pattern A)"),
     Rule("dp·mbs divides the batch", ("tp", "pp", "cp", "mbs", "global_batch"), _batch_ok,
          lambda c, p: f"global batch {p.global_batch} is not divisible by dp·mbs = {_dp(c, p)}·{p.mbs} = "
                       f"{_dp(c, p) * p.mbs}; change the global batch, the micro batch or the degrees"),

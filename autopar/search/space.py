@@ -275,12 +275,12 @@ DRAFT_MBS, DRAFT_GLOBAL_BATCH, DRAFT_FRAMEWORK = (Draft._fields.index(name)
 
 def draft_is_valid(d: Draft, num_gpus: int, num_layers: int, num_heads: int, num_kv_heads: int,
                    num_experts: int = 0, gpus_per_node: int | None = None, mixer_heads: int = 0,
-                   mamba_heads: int = 0, cp_blocker: str = "") -> bool:
+                   mamba_heads: int = 0, cp_blocker: str = "", max_window: int = 0) -> bool:
     """`not plan_violations(d, ...)` for a Draft, without building the messages: the same rules
     (autopar.schema.rules), read off the tuple's fields. tests/test_space_fastpath.py checks it
     against plan_violations on every base of several spaces."""
     return is_valid(Context(num_gpus, num_layers, num_heads, num_kv_heads, num_experts, gpus_per_node,
-                            mixer_heads, mamba_heads, cp_blocker), d)
+                            mixer_heads, mamba_heads, cp_blocker, max_window), d)
 
 
 def as_plan(plan: ParallelPlan | Draft) -> ParallelPlan:
