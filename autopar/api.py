@@ -354,6 +354,21 @@ def uncalibrated_error(path: str, base: str | None) -> float | None:
     return uncalibrated_mape(path, _cost_model_file(base) if base else None)
 
 
+def calibration_base_warning(path: Any, base: str | None) -> str | None:
+    """A line when `base`, given for a calibration on a runs YAML, lists none of the runs' GPUs:
+    the parameters the runs cannot identify keep another GPU's values. None without a base."""
+    if not base:
+        return None
+    from autopar.calibration.fit import runs_gpus, stated_runs
+
+    f = _cost_model_file(base)
+    gpus = runs_gpus(stated_runs(path))  # a runs YAML, or the runs read from training logs
+    if set(gpus) & set(f.gpus):
+        return None
+    return (f"--base {base} is for {', '.join(f.gpus)}, and the runs are on {', '.join(gpus)}: what the runs "
+            "do not fit keeps that GPU's values; drop --base to start from the runs' GPU's own model")
+
+
 def cost_model_gpu_warning(cluster: str, cost_model: str | None) -> str | None:
     """A line when the cost model given (a name or file) does not list the GPU of `cluster` among
     its `gpus`: its efficiencies were measured or fitted on another GPU. None when it does, or

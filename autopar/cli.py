@@ -632,6 +632,9 @@ def calibrate(
             fitted, loo = api.calibrate_runs(stated, base, command, iters=iters)
             leave_one_out.extend(loo)
             uncalibrated.append(api.uncalibrated_error(stated, base))
+            other_gpu = api.calibration_base_warning(stated, base)
+            if other_gpu:
+                print_warning(other_gpu)
             if not as_json:
                 held = "leave-one-out" if len(loo) <= MAX_HELD_OUT_FITS else f"{MAX_HELD_OUT_FITS}-fold held-out"
                 for run_id, e in loo:

@@ -174,3 +174,14 @@ def test_calibrating_runs_of_two_gpu_families_is_refused(tmp_path):
     r = runner.invoke(app, ["calibrate", str(mixed), "--out", str(tmp_path / "x.json"), "--iters", "5"])
     assert r.exit_code == 2 and "different cost models" in r.output and "--base" in r.output
     assert not (tmp_path / "x.json").exists()
+
+
+def test_a_base_for_another_gpu_is_warned_about(tmp_path):
+    out = tmp_path / "x.json"
+    r = runner.invoke(app, ["calibrate", str(EXAMPLE_RUNS), "--base", "a100", "--out", str(out), "--iters", "5"])
+    assert r.exit_code == 0, r.output
+    text = " ".join(r.output.split())
+    assert "warning: --base a100 is for A100 SXM4 40GB, A100 SXM4 80GB, and the runs are on H100 SXM 96GB" in text
+    same = runner.invoke(app, ["calibrate", str(EXAMPLE_RUNS), "--base", "h100", "--out", str(out), "--force",
+                               "--iters", "5"])
+    assert same.exit_code == 0 and "--base h100 is for" not in same.output
