@@ -63,7 +63,9 @@ def _to_free(value: float, kind: str, bounds: tuple[float, float] = (0.0, 1.0)) 
         return _to_free(value - 1.0, "unit")
     if kind == "unit":
         lo, hi = bounds
-        v = min(max((value - lo) / (hi - lo), 1e-6), 1 - 1e-6)
+        # A start on a bound begins 1 % inside it: at the logit's far tail a simplex step no longer moves
+        # the value (a fitted fp8 gain that once reached its 2x bound could never come back).
+        v = min(max((value - lo) / (hi - lo), 0.01), 0.99)
         return math.log(v / (1 - v))
     return math.log(max(value, 1e-12))
 

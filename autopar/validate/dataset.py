@@ -146,6 +146,14 @@ _BF16_GRAD_RUNS = frozenset({"nemo2407_h100_fp8_nemotron_340b_128gpu"})
 # recipe's pretrain_performance_optimizations sets recipe.trainer.plugins.grad_reduce_in_fp32 = False (and the
 # fp8 branch again after bf16_with_fp8_mixed()), so the DDP buffers hold bf16 gradients.
 _BF16_GRAD_SOURCES = frozenset({"dgxc-nemo25"})
+# dgxc-nemo24 recipe files whose optimizer section sets grad_sync_dtype: bf16 (NVIDIA/dgxc-benchmarking at the
+# row's commit; NeMo reduces and keeps the gradient buffers in bf16 then). nemotron4-15b-synth.yaml @ 0b71cfd
+# has no grad_sync_dtype (NeMo's fp32 default) and is not listed.
+_BF16_GRAD_RECIPES = frozenset({
+    "recipe nemo_megatron/gpt3_175b_hydra.yaml @ 35a9aec", "recipe grok1/grok1_314b.yaml @ 143b90d",
+    "recipe llama3.1/llama3.1_405b.yaml @ 143b90d", "recipe llama3.1/llama3.1_70b.yaml @ 143b90d",
+    "recipe llama3.1/llama3.1_8b.yaml @ 143b90d", "recipe nemotron/nemotron4-340b-synth.yaml @ 143b90d",
+})
 
 
 @dataclass(frozen=True, slots=True)
@@ -663,7 +671,8 @@ def _published_fields(row: _Row) -> dict[str, Any]:
         "measured_step_time_s": throughput.step_time_s, "conversion": throughput.conversion,
         "confidence": row.confidence, "notes": notes,
         "framework": _SOURCE_TO_FRAMEWORK.get(source, "megatron"), "framework_release": _SOURCE_TO_RELEASE.get(source),
-        "grad_reduce_in_bf16": row.id in _BF16_GRAD_RUNS or source in _BF16_GRAD_SOURCES,
+        "grad_reduce_in_bf16": (row.id in _BF16_GRAD_RUNS or source in _BF16_GRAD_SOURCES
+                                or row.recipe_context in _BF16_GRAD_RECIPES),
         "measured_memory_gib": row.metrics.memory_gib,
         "compiled": _compiled(row) if source == "torchtitan-2412" else None,
     }
