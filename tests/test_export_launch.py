@@ -260,3 +260,18 @@ def test_torchtitan_refuses_a_shape_it_has_no_flavour_for_with_what_it_would_nee
     assert ("torchtitan would need a model_registry flavour with n_layers 28, dim 3584, n_heads 28, n_kv_heads 4, "
             "head_dim 128, hidden_dim 18944, vocab_size 152064") in message
     assert "qkv bias" in message and "\n" not in message
+
+
+def test_a_pipeline_of_a_gpt2_style_decoder_is_refused_by_the_search_and_the_export():
+    """The training script pipelines Llama-family decoders only; the refusal is the framework's, so
+    `plan --framework deepspeed` never offers what the export would refuse."""
+    from autopar.errors import ExportError
+    from autopar.frameworks import plan_refusals
+
+    pf = plan_file("gpt3-175b", 64, framework="deepspeed", pp=2, global_batch=128, seq_len=2048, zero=1)
+    reasons = plan_refusals(pf.target.model_spec, 64, pf.parallel)
+    assert any("PipelineModule takes a decoder with rotary embeddings" in r for r in reasons)
+    with pytest.raises(ExportError, match="set pp 1 or export to megatron"):
+        export(pf, "deepspeed")
+    llama = plan_file("llama3-8b", 64, framework="deepspeed", pp=2, global_batch=128, seq_len=2048, zero=1)
+    assert not plan_refusals(llama.target.model_spec, 64, llama.parallel)

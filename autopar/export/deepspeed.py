@@ -36,18 +36,9 @@ BUCKET_BYTES = 500_000_000  # DeepSpeed's default reduce/allgather bucket (eleme
 
 def deepspeed_refusals(pf: PlanFile, plan: ParallelPlan) -> list[str]:
     """Every reason the DeepSpeed engine cannot run `plan` (empty = exportable): the framework's own
-    refusals (autopar.frameworks.deepspeed), which the search filters by; and a pipeline of a model
-    the training script cannot cut into PipelineModule layers (it needs a decoder with .layers, .norm
-    and .rotary_emb, as transformers' Llama-family models have)."""
-    out = plan_refusals(pf.target.model_spec, pf.target.gpus, plan)
-    if plan.pp > 1:
-        from autopar.export.hf_model import model_type_of
-
-        kind = model_type_of(pf.target.model_spec)
-        if kind in ("gpt2", "gpt_neox"):
-            out.append(f"pp {plan.pp}: the training script's PipelineModule takes a decoder with rotary embeddings "
-                       f"and a final RMSNorm, which transformers' {kind} model has not; plan pp 1 (--fix pp=1)")
-    return out
+    refusals (autopar.frameworks.deepspeed), which the search filters by (a pipeline of a model the
+    training script cannot cut into PipelineModule layers among them)."""
+    return plan_refusals(pf.target.model_spec, pf.target.gpus, plan)
 
 
 def _zero_section(pf: PlanFile, plan: ParallelPlan) -> dict[str, Any]:

@@ -94,6 +94,11 @@ def plan_refusals(model_spec, gpus: int, plan) -> list[str]:
         shown = list(counts) if counts is not None else f"{model_spec.num_layers} over pp {plan.pp}"
         out.append(f"layers per stage {shown}: PipelineModule partitions the decoder layers evenly; "
                    "use a layer count divisible by pp or export to megatron")
+    if plan.pp > 1 and (model_spec.position_embedding == "learned" or model_spec.normalization == "layernorm"):
+        # the exported train_deepspeed.py cuts a Llama-family decoder (.layers, .norm, .rotary_emb)
+        out.append(f"pp {plan.pp}: the exported training script's PipelineModule takes a decoder with rotary "
+                   "embeddings and a final RMSNorm (transformers' Llama family); this model's GPT-2/NeoX-style "
+                   "decoder has not those; set pp 1 or export to megatron")
     rc = plan.recompute
     if str(rc.mode) == "selective" and set(rc.modules) != {"core_attn"}:
         out.append(f"selective recompute of {', '.join(rc.modules)}: DeepSpeed recomputes whole layers only; "
