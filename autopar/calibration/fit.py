@@ -60,12 +60,13 @@ PLAUSIBLE_RANGE: dict[str, tuple[float, float]] = {
 
 def _to_free(value: float, kind: str, bounds: tuple[float, float] = (0.0, 1.0)) -> float:
     if kind == "ratio2":
-        return _to_free(value - 1.0, "unit")
+        # An fp8 gain on its 2x bound starts 1 % inside it: at the logit's far tail a simplex step no longer
+        # moves it, and a gain that reached the datasheet ratio (which GEMMs with their casts priced apart
+        # never reach) could never come back. Efficiencies on a bound keep their start.
+        return _to_free(min(max(value - 1.0, 0.01), 0.99), "unit")
     if kind == "unit":
         lo, hi = bounds
-        # A start on a bound begins 1 % inside it: at the logit's far tail a simplex step no longer moves
-        # the value (a fitted fp8 gain that once reached its 2x bound could never come back).
-        v = min(max((value - lo) / (hi - lo), 0.01), 0.99)
+        v = min(max((value - lo) / (hi - lo), 1e-6), 1 - 1e-6)
         return math.log(v / (1 - v))
     return math.log(max(value, 1e-12))
 
