@@ -120,12 +120,13 @@ def models_table(rows: list[dict[str, Any]]) -> Table:
 
 def clusters_table(rows: list[dict[str, Any]]) -> Table:
     t = Table(title="Cluster profiles")
-    for col in ("name", "gpu", "gpus/node", "bf16 TFLOP/s", "HBM", "NVLink GB/s", "network"):
+    for col in ("name", "gpu", "gpus/node", "domain", "bf16 TFLOP/s", "HBM", "NVLink GB/s", "network"):
         t.add_column(col, no_wrap=col == "name",
                      justify="right" if col in ("gpus/node", "bf16 TFLOP/s", "HBM", "NVLink GB/s") else "left")
-    for r in rows:
-        t.add_row(r["name"], r["gpu"], str(r["gpus_per_node"]), f"{r['bf16_tflops']:g}", f"{r['hbm_gib']:g} GiB",
-                  f"{r['nvlink_gb_per_s']:g}", r["network"])
+    for r in rows:  # domain: GPUs of one scale-up domain and how they are joined (switch or mesh)
+        t.add_row(r["name"], r["gpu"], str(r["gpus_per_node"]),
+                  f"{r['scale_up_domain_gpus']} {r['scale_up']['fabric']}", f"{r['bf16_tflops']:g}",
+                  f"{r['hbm_gib']:g} GiB", f"{r['nvlink_gb_per_s']:g}", r["network"])
     return t
 
 
