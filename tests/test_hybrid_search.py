@@ -159,3 +159,34 @@ def test_a_mamba_layer_issues_half_the_tp_traffic_of_an_attention_mlp_layer():
     one = _tp_comm(mamba, st.split, st.spans, cluster, p, False)
     assert one > 0 and _tp_comm(mlp, st.split, st.spans, cluster, p, False) == one
     assert _tp_comm(plain, st.split, st.spans, cluster, p, False) == pytest.approx(2 * one)
+
+
+def test_mamba_scan_and_cp_all_to_all_by_hand():
+    """A Nemotron-H Mamba layer at tp 4, cp 2: its scan is priced as attention kernels over its
+    FLOPs on the rank's tokens and heads (scan FLOPs · tokens / tp), and its CP cost, forward and
+    backward, is one all-to-all of [z, x, B, C, dt] and y (2 · (37120 + 16384) bytes a token / tp)."""
+    from autopar.cost import comm
+    from autopar.cost.compute import attention_time_s
+    from autopar.cost.layer import layer_cost, recurrent_scan_s
+    from autopar.cost.step import setup
+    from autopar.api import load_model
+    from autopar.schema.plan import ParallelPlan
+
+    nemo = load_model("nemotron-h-56b")
+    cluster = load_cluster("dgx-h100", 16)
+    p = resolve_cost_model(cluster, None)
+    st = setup(nemo, cluster, ParallelPlan(tp=4, cp=2, mbs=1, global_batch=16, seq_len=8192), p)
+    s = st.split
+    mamba = next(x for x in nemo.decoder_layers if x.mixer == "mamba2")
+    assert mamba.cp_a2a_bytes_per_token == 2 * (37120 + 16384)
+    fwd_rate, bwd_rate = p.attention_rate(s.attention_kernel)
+    flops = mamba.scan_flops_per_token * s.tokens / 4
+    peak = s.attn_peak_flops or s.peak_flops
+    assert recurrent_scan_s(mamba, s, p) == (attention_time_s(flops, 4096, peak, p, False, fwd_rate),
+                                             p.attention_backward_ratio * attention_time_s(flops, 4096, peak, p,
+                                                                                           False, bwd_rate))
+    cost = layer_cost(mamba, s, st.spans, cluster, p, False)
+    a2a = comm.all_to_all_s(2 * (37120 + 16384) * s.tokens / 4, st.spans.cp, cluster, p)
+    assert a2a > 0 and cost.cp_comm_fwd_s == cost.cp_comm_bwd_s == a2a
+    mlp = next(x for x in nemo.decoder_layers if x.mixer == "none")
+    assert layer_cost(mlp, s, st.spans, cluster, p, False).cp_comm_fwd_s == 0.0
