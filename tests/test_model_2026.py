@@ -264,6 +264,10 @@ def _bad(tmp_path: Path, name: str, **changes) -> tuple[int, str]:
     ("qwen3-next-80b-a3b.json", {"full_attention_interval": 0}, ["full_attention_interval", "at least 1"]),
     ("llama4-maverick-text.json", {"interleave_moe_layer_step": 0}, ["interleave_moe_layer_step", "at least 1"]),
     ("gpt-oss-120b.json", {"sliding_window": 16384}, ["sliding_window (16384)", "seq_length (8192)", "full attention"]),
+    # a hostile layer count is refused before an interval is expanded into a per-layer list
+    ("qwen3-next-80b-a3b.json", {"num_hidden_layers": 10 ** 12}, ["num_hidden_layers", "from 1 to 4096"]),
+    ("llama4-maverick-text.json", {"num_hidden_layers": 10 ** 12}, ["num_hidden_layers", "from 1 to 4096"]),
+    ("kimi-linear-48b-a3b.json", {"num_hidden_layers": 10 ** 12}, ["num_hidden_layers", "from 1 to 4096"]),
     ("kimi-linear-48b-a3b.json", {"linear_attn_config": {"kda_layers": [1], "full_attn_layers": [2], "num_heads": 32,
                                                          "head_dim": 128}}, ["each of the 27 layers once"]),
 ])

@@ -11,7 +11,7 @@ from __future__ import annotations
 from typing import Any, Callable
 
 from autopar.errors import SchemaError, UnsupportedModelError
-from autopar.limits import clip_repr
+from autopar.limits import MAX_LAYERS, clip_repr
 from autopar.model.mixers import split_hybrid_pattern
 from autopar.schema.model import (IndexerSpec, LinearAttentionSpec, MambaSpec, MLASpec, ModelSpec, MoESpec,
                                   RopeScaling)
@@ -288,6 +288,16 @@ def _positive(cfg: dict, key: str, model_type: str, default: int | None = None) 
     return value
 
 
+def _bounded_layers(kw: dict, model_type: str) -> int:
+    """num_hidden_layers, refused above MAX_LAYERS before a per-layer list is built from it (a
+    hostile 10**12 would otherwise hang the builders that expand intervals into layer lists)."""
+    layers = kw["num_layers"]
+    if not 1 <= layers <= MAX_LAYERS:
+        raise SchemaError(f"config.json (model_type {model_type}) 'num_hidden_layers' is {clip_repr(layers)}; it must "
+                          f"be from 1 to {MAX_LAYERS}")
+    return layers
+
+
 def _pattern_from_letters(cfg: dict, key: str, model_type: str, num_layers: int, allowed: str) -> str:
     value = cfg.get(key)
     if not isinstance(value, str):
@@ -336,7 +346,7 @@ def _qwen3_next(cfg: dict, name: str, model_type: str) -> dict:
     full_attention_interval-th layer (or as layer_types lists them), 512-expert MoE with a gated
     shared expert, and the one MTP layer the checkpoint ships (mtp.*, beside num_hidden_layers)."""
     kw = _llama_like(cfg, name, model_type)
-    layers = kw["num_layers"]
+    layers = _bounded_layers(kw, model_type)
     types = cfg.get("layer_types")
     if isinstance(types, list) and len(types) == layers and "linear_attention" in types:
         full = [t == "full_attention" for t in types]
@@ -391,7 +401,7 @@ def _kimi_linear(cfg: dict, name: str, model_type: str) -> dict:
     la = cfg.get("linear_attn_config")
     if not isinstance(la, dict):
         raise SchemaError("config.json (model_type kimi_linear) lacks 'linear_attn_config'; add it")
-    layers = kw["num_layers"]
+    layers = _bounded_layers(kw, model_type)
     kda, full = _one_based_layers(la, "kda_layers", layers), _one_based_layers(la, "full_attn_layers", layers)
     if sorted(kda + full) != list(range(1, layers + 1)):
         raise SchemaError(f"config.json linear_attn_config: kda_layers and full_attn_layers must list each of the "
@@ -439,7 +449,7 @@ def _llama4(cfg: dict, name: str, model_type: str) -> dict:
     if not isinstance(text, dict):
         raise SchemaError("config.json (model_type llama4) lacks 'text_config'; pass the text model's config")
     kw = _common(text, name, model_type)
-    layers = kw["num_layers"]
+    layers = _bounded_layers(kw, model_type)
     if isinstance(text.get("moe_layers"), list):
         moe_layers = set(_one_based_layers({"moe_layers": [i + 1 for i in text["moe_layers"]]}, "moe_layers", layers))
         moe_layers = {i - 1 for i in moe_layers}
