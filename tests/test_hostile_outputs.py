@@ -251,6 +251,14 @@ def plan_file(here) -> Path:
     return here / "plan.json"
 
 
+@pytest.fixture
+def ds_plan_file(here) -> Path:
+    """A plan.json made for DeepSpeed, so that exporting it to DeepSpeed runs it as planned."""
+    result = runner.invoke(app, _plan("--framework", "deepspeed", "--out", here / "ds_plan.json"))
+    assert result.exit_code == 0, result.output
+    return here / "ds_plan.json"
+
+
 @pytest.mark.parametrize("case", IGNORED, ids=[c[0] for c in IGNORED])
 def test_an_option_that_would_be_ignored_is_refused(case, here, plan_file):
     name, argv, words = case
@@ -284,7 +292,8 @@ def test_out_onto_the_model_file_is_refused_even_with_force(here):
     base = ["plan", config, "-c", "dgx-h100", "-n", "8", "-b", "8", "-s", "2048", "--quiet", "--force"]
     for out in (config, "config.json", "sub/../config.json", here / "link.json"):
         refused(here, base + ["--out", out], "is the input", "--force does not apply")
-    export_dir = base + ["--out", here, "--export", "deepspeed"]  # plan.json, ds_config.json and config.json
+    # plan.json, ds_config.json and config.json; planned for DeepSpeed so that its export runs as planned
+    export_dir = base + ["--framework", "deepspeed", "--out", here, "--export", "deepspeed"]
     refused(here, export_dir, "is the input")
 
 
@@ -300,12 +309,12 @@ def test_out_onto_the_cluster_or_cost_model_is_refused(here):
     refused(here, ["profile", "--device", "cpu", "--base", cost, "--out", cost, "--force"], "is the input")
 
 
-def test_export_onto_its_own_plan_file_is_refused(here, plan_file):
+def test_export_onto_its_own_plan_file_is_refused(here, plan_file, ds_plan_file):
     refused(here, ["export", plan_file, "--out", plan_file, "--force"], "is the input")
     launch = here / "launch"
     launch.mkdir()
     own = launch / "ds_config.json"  # the plan file sits where the export writes ds_config.json
-    own.write_text(plan_file.read_text())
+    own.write_text(ds_plan_file.read_text())
     refused(here, ["export", own, "-f", "deepspeed", "--out", launch, "--force"], "is the input")
     refused(here, ["export", own, "-f", "deepspeed", "--out", launch, "--force", "--json"], "is the input")
 
@@ -375,14 +384,14 @@ def test_two_writers_of_one_file_never_both_succeed(tmp_path):
     assert sorted(p.name for p in tmp_path.iterdir()) == sorted(f"plan{r}.json" for r in range(30))
 
 
-def test_an_export_set_with_one_unwritable_file_changes_none(here, plan_file):
+def test_an_export_set_with_one_unwritable_file_changes_none(here, ds_plan_file):
     """deepspeed writes ds_config.json, launch_deepspeed.sh and config.json: with a directory where
     config.json should go, --force replaces neither of the other two (nor creates them)."""
     launch = here / "launch"
     launch.mkdir()
     (launch / "ds_config.json").write_text("mine")
     (launch / "config.json").mkdir()
-    refused(here, ["export", plan_file, "-f", "deepspeed", "--out", launch, "--force"], "config.json",
+    refused(here, ["export", ds_plan_file, "-f", "deepspeed", "--out", launch, "--force"], "config.json",
             "is a directory")
     assert not (launch / "launch_deepspeed.sh").exists()
 
