@@ -571,11 +571,11 @@ def sweep_figure(points: Sequence[SweepPoint], runs: Sequence[dict | None] | Non
 
 
 def _plot_runs(ax, points: Sequence[SweepPoint], runs: Sequence[dict | None], axis: str):
-    """Days to the token count (bars, P10–P90 whiskers, goodput above) and GPU-hours (line, right axis)."""
+    """Days to the token count (bars, 80 % band whiskers, goodput above) and GPU-hours (line, right axis)."""
     ok = [i for i, r in enumerate(runs) if r is not None]
     days = [runs[i]["days"] for i in ok]
     err = [[runs[i]["days"] - runs[i]["days_low"] for i in ok], [runs[i]["days_high"] - runs[i]["days"] for i in ok]]
-    ax.bar(ok, days, yerr=err, color=COLORS["forward"], alpha=0.6, capsize=4, label="days (P10–P90)")
+    ax.bar(ok, days, yerr=err, color=COLORS["forward"], alpha=0.6, capsize=4, label="days (80 % band)")
     for i in ok:
         ax.annotate(f"goodput {runs[i]['goodput']:.1%}", (i, runs[i]["days_high"]), textcoords="offset points",
                     xytext=(0, 4), ha="center", fontsize=8)

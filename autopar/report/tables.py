@@ -451,7 +451,7 @@ _SWITCH_ROWS = (
 
 
 def _days(block: dict) -> str:
-    return f"{block['days']:,.1f} days (P10–P90 {block['days_low']:,.1f}–{block['days_high']:,.1f})"
+    return f"{block['days']:,.1f} days (80 % band {block['days_low']:,.1f}–{block['days_high']:,.1f})"
 
 
 def print_run(console: Console, block: dict, what: str = "") -> None:
@@ -470,7 +470,7 @@ def print_run(console: Console, block: dict, what: str = "") -> None:
 def print_runs(console: Console, rows: list, title: str = "Whole run") -> None:
     """One row per plan or sweep point: days, GPU-hours, cost, goodput, interruptions (None: no plan)."""
     t = Table(title=title)
-    for col in ("plan", "days", "P10–P90", "GPU-hours", "cost", "goodput", "interruptions"):
+    for col in ("plan", "days", "80% band", "GPU-hours", "cost", "goodput", "interruptions"):
         t.add_column(col, justify="left" if col == "plan" else "right")
     for label, block in rows:
         if block is None:
