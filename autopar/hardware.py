@@ -384,10 +384,6 @@ def _allowed_keys(loc: tuple[Any, ...]) -> list[str]:
     return list(model.model_fields)
 
 
-if __name__ == "__main__":
-    print(f"wrote {write_parsed_profiles()}")
-
-
 def gpu_arch(gpu_name: str) -> str:
     """ampere (A100), hopper (H100/H800/H200), blackwell (B200, B300, GB200, GB300), cdna3 (MI300X,
     MI325X), cdna4 (MI350X, MI355X), from the profile's GPU name."""
@@ -401,3 +397,7 @@ def gpu_arch(gpu_name: str) -> str:
     if any(tag in upper for tag in ("B200", "B100", "B300")):
         return "blackwell"
     return "hopper"
+
+
+if __name__ == "__main__":
+    print(f"wrote {write_parsed_profiles()}")

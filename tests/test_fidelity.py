@@ -347,8 +347,9 @@ def test_leave_one_source_out_json_has_exactly_the_contract_keys():
                                       "--iters", "2", "--json"])
     assert result.exit_code == 0, result.output
     d = json.loads(result.output)
-    assert set(d) == {"median_ape", "p90_ape", "sources", "regimes", "memory", "fit_rate", "band_coverage",
-                      "rank_accuracy"}
+    assert set(d) == {"median_ape", "p90_ape", "sources", "regimes", "hardware", "memory", "fit_rate",
+                      "band_coverage", "rank_accuracy"}
+    assert d["hardware"] == [{"gpu_arch": "hopper", "runs": 10, "median_ape": d["sources"][0]["median_ape"]}]
     assert d["sources"] == [{"source": "torchtitan-2412", "runs": 10, "median_ape": d["sources"][0]["median_ape"]}]
     assert {r["regime"] for r in d["regimes"]} == {"dense<=8k", "long-context>=32k", "fsdp-zero3", "fp8"}
     # A regime holding primary-regime runs carries its nested band coverage and how many sources it rests on.

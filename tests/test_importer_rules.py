@@ -244,3 +244,16 @@ def test_estimate_from_megatron_without_a_model_uses_the_scripts_flags(tmp_path)
     assert b["step_time_s"] == a["step_time_s"] and b["peak_memory_bytes"] == a["peak_memory_bytes"]
     r = CliRunner().invoke(app, ["estimate", "-c", "dgx-h100", "-n", "8", "--global-batch", "8"])
     assert r.exit_code == 2 and "give MODEL" in r.output
+
+
+@pytest.mark.parametrize("precision", ["fp8", "mxfp8", "nvfp4"])
+def test_megatron_import_reads_the_low_precision_recipe_back(precision):
+    # An export's --fp8-recipe mxfp8 / --fp4-format e2m1 --fp4-recipe nvfp4 is that precision again,
+    # not fp8 or bf16 (megatron/training/arguments.py, core_r0.14+).
+    pf = PlanFile(autopar_version="0.1.0",
+                  parallel=ParallelPlan(tp=4, pp=2, global_batch=64, seq_len=8192, precision=precision),
+                  target=PlanTarget(model="llama3-70b", model_spec=load_model("llama3-70b").spec,
+                                    cluster="gb200-nvl72", gpus=64))
+    script = next(iter(export(pf, "megatron").values()))
+    plan, _ = plan_from_megatron_args(script, 64)
+    assert plan.precision == precision

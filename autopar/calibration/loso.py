@@ -41,7 +41,7 @@ from autopar.data import data_dir
 from autopar.validate.bands import BANDS_FILE
 from autopar.validate.dataset import MeasuredRun, load_runs
 from autopar.validate.regimes import REGIMES
-from autopar.validate.report import run_regimes
+from autopar.validate.report import run_gpu_arch, run_regimes
 from autopar.validate.runner import Prediction, predict
 
 _FAMILY_OF_CLUSTER = {"vtrain-a100": "a100", "dgx-a100-80gb": "a100", "dgx-a100-40gb": "a100", "gb200-nvl72": "gb200"}
@@ -113,7 +113,7 @@ def _weighted_percentile(values: list[float], weights: list[float], q: float) ->
 def summarize_loso(preds: list[Prediction]) -> dict[str, Any]:
     """The --json shape: median_ape, p90_ape, sources, regimes, memory, fit_rate (APE in percent)."""
     if not preds:
-        return {"median_ape": math.nan, "p90_ape": math.nan, "sources": [], "regimes": [],
+        return {"median_ape": math.nan, "p90_ape": math.nan, "sources": [], "regimes": [], "hardware": [],
                 "memory": {"runs": 0, "median_ape": None}, "fit_rate": math.nan}
     count = {}
     for pr in preds:
@@ -128,6 +128,10 @@ def summarize_loso(preds: list[Prediction]) -> dict[str, Any]:
         if inside:
             regimes.append({"regime": regime, "runs": len(inside), "median_ape": median(inside)})
     mem = [100 * abs(pr.memory_error) for pr in preds if pr.memory_error is not None]
+    archs: dict[str, list[float]] = {}
+    for pr in preds:
+        archs.setdefault(run_gpu_arch(pr.run), []).append(100 * abs(pr.error))
+    hardware = [{"gpu_arch": a, "runs": len(v), "median_ape": median(v)} for a, v in sorted(archs.items())]
     trust = calibrate_bands(residuals(preds), REGIMES)
     for row in regimes:
         band = trust["bands"].get(row["regime"])
@@ -138,6 +142,7 @@ def summarize_loso(preds: list[Prediction]) -> dict[str, Any]:
         "p90_ape": _weighted_percentile(apes, weights, 0.9),
         "sources": sources,
         "regimes": regimes,
+        "hardware": hardware,
         "memory": {"runs": len(mem), "median_ape": median(mem) if mem else None,
                    "worst_ape": max(mem) if mem else None},
         "fit_rate": sum(pr.fits for pr in preds) / len(preds),

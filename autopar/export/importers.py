@@ -173,6 +173,20 @@ def _argv(source: str | Path | list[str] | tuple[str, ...]) -> tuple[list[str], 
 
 # ---- Megatron: argv -> plan and model fields ------------------------------------------------------
 
+
+def _megatron_precision(a: dict[str, Any]) -> str:
+    """The plan's precision from Megatron's flags (megatron/training/arguments.py, core_r0.14+):
+    --fp4-format with --fp4-recipe nvfp4 is nvfp4, --fp8-format with --fp8-recipe mxfp8 is mxfp8, any
+    other --fp8-format recipe (delayed, tensorwise, blockwise) fp8, else bf16."""
+    if a.get("fp4"):
+        recipe = a.get("fp4_recipe") or "nvfp4"
+        if recipe not in ("nvfp4", "mxfp4"):
+            raise InputFileError(f"--fp4-recipe {recipe}: autopar plans nvfp4 or mxfp4; use --fp4-recipe nvfp4")
+        return recipe
+    if a["fp8"]:
+        return "mxfp8" if a.get("fp8_recipe") == "mxfp8" else "fp8"
+    return "bf16"
+
 def plan_from_megatron_args(args: str | Path | list[str], num_gpus: int | None = None
                             ) -> tuple[ParallelPlan, dict[str, Any]]:
     """(plan, model fields) from Megatron-LM `pretrain_gpt.py` arguments: an argv list, a command
@@ -191,7 +205,7 @@ def plan_from_megatron_args(args: str | Path | list[str], num_gpus: int | None =
         "tp": a["tensor_model_parallel_size"], "pp": a["pipeline_model_parallel_size"],
         "cp": a["context_parallel_size"], "ep": a["expert_model_parallel_size"],
         "mbs": a["micro_batch_size"] or 1, "seq_len": a["seq_length"], "framework": "megatron",
-        "zero": _megatron_zero(a), "precision": "fp8" if a["fp8"] else "bf16",
+        "zero": _megatron_zero(a), "precision": _megatron_precision(a),
         "overlap_grad_reduce": a["overlap_grad_reduce"], "overlap_param_gather": a["overlap_param_gather"],
         "tp_comm_overlap": a["tp_comm_overlap"], "recompute": _megatron_recompute(a),
         "grad_reduce_in_bf16": a["grad_reduce_in_bf16"],

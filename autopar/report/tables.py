@@ -264,6 +264,8 @@ def print_validate(console: Console, result: dict[str, Any], rows: bool = True) 
         _summary_row(s, f"source {name}", summ)
     for name, summ in result.get("by_framework", {}).items():
         _summary_row(s, f"framework {name}", summ)
+    for name, summ in result.get("by_gpu_arch", {}).items():
+        _summary_row(s, f"gpu {name}", summ)
     for name, summ in result.get("by_regime", {}).items():
         _summary_row(s, f"regime {name}", summ)
     print_table(console, s)
@@ -286,6 +288,8 @@ def print_loso(console: Console, result: dict[str, Any]) -> None:
         t.add_row(f"regime {row['regime']}", str(row["runs"]), f"{row['median_ape']:.1f}%",
                   "" if "band_sources" not in row else
                   f"{'n/a' if cov is None else format(cov, '.0%')} ({row['band_sources']} src)")
+    for row in result.get("hardware", []):
+        t.add_row(f"gpu {row['gpu_arch']}", str(row["runs"]), f"{row['median_ape']:.1f}%", "")
     mem = result["memory"]
     if mem["runs"]:
         t.add_row("peak memory", str(mem["runs"]), f"{mem['median_ape']:.1f}%", "")

@@ -68,11 +68,20 @@ def _report(preds: list[Prediction], split: str, skipped: list[str]) -> dict[str
         "by_category": _grouped(preds, lambda pr: category(pr.run)),
         "by_regime": by_regime(preds),
         "by_framework": _grouped(preds, lambda pr: pr.run.framework),
+        "by_gpu_arch": _grouped(preds, lambda pr: run_gpu_arch(pr.run)),
         "memory": memory_summary(preds),
         "skipped": skipped,
         "method": "tokens/s/GPU predicted for the fastest fitting plan among the run's unstated settings; "
                   "error = |predicted - measured| / measured",
     }
+
+
+def run_gpu_arch(run: MeasuredRun) -> str:
+    """The hardware family a run ran on (autopar.hardware.gpu_arch: ampere, hopper, blackwell, cdna3,
+    cdna4), from its cluster profile's GPU."""
+    from autopar.hardware import gpu_arch
+
+    return gpu_arch(_cluster_for(run.cluster, run.num_gpus).gpu_name)
 
 
 def category(run: MeasuredRun) -> str:
