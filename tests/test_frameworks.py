@@ -183,3 +183,20 @@ def test_refusals_are_one_function_for_search_and_export():
     assert any("etp 2" in r for r in plan_refusals(spec, 32, plan))
     assert not plan_violations(plan, num_gpus=32, num_layers=spec.num_layers, num_heads=spec.num_attention_heads,
                                num_kv_heads=spec.kv_heads, num_experts=spec.moe.num_experts)
+
+
+def test_deepspeed_prices_selective_recompute_as_its_hf_script_runs_it():
+    """The exported train_deepspeed.py makes no call for selective core-attention recompute (SDPA
+    and flash attention keep no scores), so the estimate of a DeepSpeed plan prices it as none: the
+    same step and peak. Megatron-DeepSpeed (the measured runs' release) recomputes as Megatron does."""
+    from autopar import api
+
+    def est(recompute, release=None):
+        plan = api.plan_from_assignments(f"recompute={recompute}", 8, 16, 8192, framework="deepspeed", zero=3,
+                                         framework_release=release)
+        return api.estimate_plan("llama3-8b", "dgx-h100", 8, plan)
+
+    none, selective = est("none"), est("selective")
+    assert selective.step_time_s == none.step_time_s and selective.peak_memory_bytes == none.peak_memory_bytes
+    mds_none, mds_selective = est("none", "megatron-deepspeed"), est("selective", "megatron-deepspeed")
+    assert mds_selective.step_time_s > mds_none.step_time_s

@@ -137,10 +137,13 @@ class LayerCost:
         return self.bwd_compute_s + self.tp_comm_bwd_s + self.cp_comm_bwd_s + self.ep_comm_bwd_s
 
     def recompute_s(self, mode: RecomputeMode, modules: tuple[str, ...], policy: str = "modules") -> float:
-        """Forward time redone in backward. selective: the listed Megatron modules, or under the
-        "op_sac" policy (torchtitan) the per-op policy's recomputed ops."""
+        """Forward time redone in backward. selective: the listed Megatron modules, under the
+        "op_sac" policy (torchtitan) the per-op policy's recomputed ops, under "kept" (DeepSpeed's
+        Hugging Face models) nothing."""
         if mode == RecomputeMode.FULL:
             return self.fwd_s
+        if mode == RecomputeMode.SELECTIVE and policy == "kept":  # nothing recomputed (memory.saved_activation_bytes)
+            return 0.0
         if mode == RecomputeMode.SELECTIVE and policy == OP_SAC:
             return dict(self.module_recompute_s).get(OP_SAC, 0.0)
         if mode == RecomputeMode.SELECTIVE:

@@ -77,6 +77,8 @@ def saved_activation_bytes(layer: Layer, tokens: float, seq_len: int, tp: int, s
     expert tensor-parallel degree; the experts' input is saved gathered over it
     (ETP_GATHERED_ACTIVATIONS).
     """
+    if recompute == "selective" and policy == "kept":  # nothing dropped: the HF model keeps every tensor
+        recompute = "none"
     if recompute == "selective" and policy == "op_sac" and layer.kind in ("dense", "moe"):
         return op_sac_saved_bytes(layer, tokens, tp, sp)
     total = 0.0

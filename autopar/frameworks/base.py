@@ -36,7 +36,9 @@ class FrameworkProfile:
     name: str
     version: str
     attention_kernel_by_arch: tuple[tuple[str, str], ...]  # (GPU architecture, kernel family)
-    selective_policy: str  # "modules" (Megatron list) | "op_sac" (torchtitan per-op policy)
+    # "modules" (Megatron's list), "op_sac" (torchtitan's per-op policy), or "kept" (a Hugging Face model
+    # under DeepSpeed: selective core-attention recompute is no call at all, SDPA/flash keep no scores)
+    selective_policy: str
     fused_cross_entropy: bool
     persistent_gradients: bool
     fp8_one_byte_saved_inputs: bool

@@ -60,15 +60,16 @@ from autopar.frameworks.base import FrameworkProfile, FrameworkSpec
 PROFILE = FrameworkProfile(
     name="deepspeed", version="DeepSpeed 0.3-0.19 (measured runs: Megatron-DeepSpeed; export: Hugging Face models)",
     attention_kernel_by_arch=(("ampere", "fa2"), ("hopper", "fa2"), ("blackwell", "fa2")),
-    selective_policy="modules", fused_cross_entropy=False, persistent_gradients=True,
+    selective_policy="kept", fused_cross_entropy=False, persistent_gradients=True,
     fp8_one_byte_saved_inputs=False, gather_unit="module", gathers_under_full_recompute=3, prefetch_depth=1,
     prefetch_max_params=5e7, persistence_threshold_params=1e5, elementwise="eager")
 
+# Megatron-DeepSpeed's GPT recomputes selectively as Megatron does (its --recompute-granularity selective).
 MEGATRON_DEEPSPEED = replace(PROFILE, version="DeepSpeed 0.9+ running Megatron-DeepSpeed's GPT",
-                             fused_cross_entropy=True, elementwise="fused", pipeline_scatter_gather=True)
+                             selective_policy="modules", fused_cross_entropy=True, elementwise="fused", pipeline_scatter_gather=True)
 
 V0_3 = replace(PROFILE, version="DeepSpeed 0.3.13-0.5.5 (2021) on PyTorch <= 1.8, Megatron-DeepSpeed",
-               synchronous_gathers=True, per_rank_copies=True, gathered_bytes_per_unit_param=6.0,
+               selective_policy="modules", synchronous_gathers=True, per_rank_copies=True, gathered_bytes_per_unit_param=6.0,
                elementwise="fused", fused_cross_entropy=True, pipeline_scatter_gather=True)
 
 
