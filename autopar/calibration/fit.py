@@ -288,9 +288,7 @@ def without_frameworks(base: CostModelFile, frameworks: set[str]) -> CostModelFi
 
 
 def calibrate_builtin(gpu: str, base: CostModelFile, command: str, rounds: int = 2, iters: int = 200) -> CostModelFile:
-    """Fit `base` on the shipped fit split for `gpu` ("a100" or "h100"); report fit and held-out MAPE."""
-    from autopar.validate.dataset import load_runs
-
+    """Fit `base` on every shipped run of `gpu` ("a100", "h100" or "gb200"); report the fit's MAPE."""
     if gpu not in FREE_FOR_GPU:
         from autopar.errors import SchemaError
         raise SchemaError(f"--gpu {gpu!r} has no shipped measured runs; use one of {', '.join(FREE_FOR_GPU)}")
