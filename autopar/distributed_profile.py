@@ -45,7 +45,6 @@ import os
 import platform
 import re
 import socket
-import statistics
 import time
 from dataclasses import dataclass
 from datetime import date, timedelta
@@ -53,6 +52,7 @@ from pathlib import Path
 from typing import Any
 
 from autopar.errors import AutoparError, SchemaError
+from autopar.profile import median_time_s
 
 HANG_RANK_ENV = "AUTOPAR_PROFILE_HANG_RANK"
 DEFAULT_TIMEOUT_S = 300
@@ -192,19 +192,6 @@ def check_agreement(rows: list[dict[str, Any]]) -> None:
                 "would; launch with torchrun --node-rank (or srun's block distribution) so ranks fill nodes in order")
 
 
-def _median_s(fn, sync, warmup: int, repeats: int) -> float:
-    for _ in range(warmup):
-        fn()
-    sync()
-    times = []
-    for _ in range(repeats):
-        t0 = time.perf_counter()
-        fn()
-        sync()
-        times.append(time.perf_counter() - t0)
-    return statistics.median(times)
-
-
 class _Run:
     """The process group, this rank's groups and the monitored barrier that names missing ranks."""
 
@@ -311,7 +298,7 @@ def _send_recv(run: _Run, pairs: list[tuple[int, int]], size: int, warmup: int, 
             run.dist.recv(x, peer)
             run.dist.send(x, peer)
 
-    return _median_s(ping, run.sync, warmup, repeats) / 2
+    return median_time_s(ping, run.sync, warmup, repeats) / 2
 
 
 def _hang_here(launch: Launch) -> None:
@@ -336,7 +323,7 @@ def measure(run: _Run, sizes: list[int], quick: bool) -> list[dict[str, Any]]:
             for size in sizes:
                 fn, nbytes = _ops(run, group, n, size)[op]
                 try:
-                    t = _median_s(fn, run.sync, warmup, repeats)
+                    t = median_time_s(fn, run.sync, warmup, repeats)
                 except Exception as exc:  # noqa: BLE001
                     raise DistributedProfileError(
                         f"rank {launch.rank}: {op} of {nbytes:,} bytes on the {kind}-node group failed "

@@ -39,7 +39,9 @@ def _torch():
     return torch
 
 
-def _median_time_s(fn: Callable[[], None], sync: Callable[[], None], warmup: int, repeats: int) -> float:
+def median_time_s(fn: Callable[[], None], sync: Callable[[], None], warmup: int, repeats: int) -> float:
+    """Median wall time of `repeats` calls of `fn` after `warmup` calls, `sync` closing each (the
+    device's queue drained, or a collective completed on every rank)."""
     for _ in range(warmup):
         fn()
     sync()
@@ -78,7 +80,7 @@ def _measure_gemms(torch, device, dtype, shapes, quick, progress) -> list[tuple[
     for i, (m, n, k) in enumerate(shapes):
         a = torch.randn(m, k, device=device, dtype=dtype)
         b = torch.randn(k, n, device=device, dtype=dtype)
-        t = _median_time_s(lambda: torch.matmul(a, b), sync, 2 if quick else 5, 3 if quick else 10)
+        t = median_time_s(lambda: torch.matmul(a, b), sync, 2 if quick else 5, 3 if quick else 10)
         out.append((m, n, k, 2.0 * m * n * k / t))
         if progress:
             progress("gemm", i + 1, len(shapes))
@@ -97,10 +99,10 @@ def _measure_attention(torch, device, dtype, quick, progress) -> list[tuple[int,
         heads = 4 if device == "cpu" else 16
         q, k, v = (torch.randn(1, heads, s, d, device=device, dtype=dtype, requires_grad=True) for _ in range(3))
         with torch.no_grad():
-            t = _median_time_s(lambda: F.scaled_dot_product_attention(q, k, v, is_causal=True), sync,
+            t = median_time_s(lambda: F.scaled_dot_product_attention(q, k, v, is_causal=True), sync,
                                2, 3 if quick else 10)
         grad = torch.randn(1, heads, s, d, device=device, dtype=dtype)
-        t_fb = _median_time_s(lambda: F.scaled_dot_product_attention(q, k, v, is_causal=True).backward(grad), sync,
+        t_fb = median_time_s(lambda: F.scaled_dot_product_attention(q, k, v, is_causal=True).backward(grad), sync,
                               2, 3 if quick else 10)
         causal_flops = 2.0 * 2.0 * s * s * d * heads / 2  # QK^T and AV, lower triangle
         # Backward does 2.5x the forward FLOPs (Dao 2023 §3); its time is fwd+bwd minus fwd.
@@ -115,7 +117,7 @@ def _measure_bandwidth(torch, device, dtype, quick) -> float:
     n = (1 << 22) if device == "cpu" else (1 << 28)
     x = torch.randn(n, device=device, dtype=dtype)
     y = torch.randn(n, device=device, dtype=dtype)
-    t = _median_time_s(lambda: torch.add(x, y), sync, 2, 3 if quick else 10)
+    t = median_time_s(lambda: torch.add(x, y), sync, 2, 3 if quick else 10)
     return 3.0 * n * x.element_size() / t  # read two, write one
 
 
@@ -154,7 +156,7 @@ def _collective_worker(rank: int, world: int, backend: str, sizes: list[int], pa
             ops.pop("reduce_scatter")  # gloo has no reduce_scatter_tensor
         for name, (fn, factor) in ops.items():
             dist.barrier()
-            t = _median_time_s(fn, sync, 2, 5)
+            t = median_time_s(fn, sync, 2, 5)
             results.append({"op": name, "bytes": n * 4, "time_s": t, "busbw_bytes_per_s": factor * n * 4 / t})
         dist.barrier()
         t0 = time.perf_counter()

@@ -362,7 +362,7 @@ def test_leave_one_source_out_json_has_exactly_the_contract_keys():
 
 
 def test_weighted_percentile_counts_each_source_once():
-    from autopar.calibration.loso import _weighted_percentile
+    from autopar.calibration.trust import weighted_quantile as _weighted_percentile
 
     # source A: 4 runs at 1 %, source B: 1 run at 50 %: each source half the weight.
     values, weights = [1, 1, 1, 1, 50], [0.25] * 4 + [1.0]

@@ -34,7 +34,7 @@ from autopar.calibration.fit import (
     LOSO_FREE_FOR_GPU, _field, builtin_fit_runs, fit, fittable, with_values, without_frameworks,
 )
 from autopar.calibration.trust import (
-    BAND_COVERAGE_TARGET, MIN_BAND_SOURCES, Residual, Scored, calibrate_bands, rank_accuracy,
+    BAND_COVERAGE_TARGET, MIN_BAND_SOURCES, Residual, Scored, calibrate_bands, rank_accuracy, weighted_quantile,
 )
 from autopar.cost.params import load_cost_model, params_from_file
 from autopar.data import data_dir
@@ -99,17 +99,6 @@ def loso_predictions(iters: int = 40, single_stride: int = 16, sources: set[str]
     return preds
 
 
-def _weighted_percentile(values: list[float], weights: list[float], q: float) -> float:
-    """The smallest value whose cumulative weight reaches q of the total."""
-    pairs = sorted(zip(values, weights))
-    total, acc = sum(weights), 0.0
-    for v, w in pairs:
-        acc += w
-        if acc >= q * total - 1e-12:
-            return v
-    return pairs[-1][0]
-
-
 def summarize_loso(preds: list[Prediction]) -> dict[str, Any]:
     """The --json shape: median_ape, p90_ape, sources, regimes, memory, fit_rate (APE in percent)."""
     if not preds:
@@ -138,8 +127,8 @@ def summarize_loso(preds: list[Prediction]) -> dict[str, Any]:
         if band is not None:  # the regime's own band (its primary-regime runs), nested coverage
             row.update(band_coverage=_or_none(band["band_coverage"]), band_sources=band["sources"])
     return {
-        "median_ape": _weighted_percentile(apes, weights, 0.5),
-        "p90_ape": _weighted_percentile(apes, weights, 0.9),
+        "median_ape": weighted_quantile(apes, weights, 0.5),
+        "p90_ape": weighted_quantile(apes, weights, 0.9),
         "sources": sources,
         "regimes": regimes,
         "hardware": hardware,
