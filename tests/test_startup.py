@@ -71,7 +71,8 @@ def test_plan_imports_no_numpy():
     assert not loaded & {"pydantic.plugin._loader", "importlib.metadata"}
     text, loaded = _plan_in_process(["mixtral-8x7b", "--cluster", "dgx-h100", "--gpus", "32", "--seq-len", "4096",
                                      "--global-batch", "256", "--fix", "tp=2,pp=2", "--quiet"])
-    assert "Chosen plan" in text and "refined by DP/ILP" in text
+    words = " ".join(text.split())  # the 80-column report wraps lines wherever the timing's digits put them
+    assert "Chosen plan" in words and "refined by DP/ILP" in words
     assert not loaded & {*HEAVY, "numpy", "scipy"}, loaded & {*HEAVY, "numpy", "scipy"}
 
 
