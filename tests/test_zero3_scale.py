@@ -9,6 +9,7 @@ import pytest
 from autopar.cost import comm, fsdp
 from autopar.frameworks import REGISTRY, framework_profile
 from autopar.cost.layer import LayerCost
+from autopar.cost.memory import model_state_bytes
 from autopar.cost.params import load_cost_model
 from autopar.cost.step import assign_layers, rank_chunks, rank_memory, setup
 from autopar.hardware import load_cluster
@@ -177,3 +178,34 @@ def test_nemotron_340b_on_128_h100_fits_with_its_recipes_bf16_gradients():
     fp32 = pred.plan.model_copy(update={"grad_reduce_in_bf16": False})
     _, b32, _, _ = rank_memory(0, chunks[0], graph, fp32, setup(graph, cluster, fp32, h100), h100)
     assert b32["gradients"] - b16["gradients"] == pytest.approx(2.0 * dense, rel=1e-9)
+
+
+def test_nemo_apex_release_keeps_ten_optimizer_bytes_per_parameter():
+    """NeMo 1.x's Apex DistributedFusedAdam with store_param_remainders keeps exp_avg (4) + exp_avg_sq
+    (4) + the fp32 master weight's low 16 bits (2) = 10 bytes per parameter, sharded over DP; Megatron's
+    distributed optimizer keeps 12. Hand-worked on rank 0 of Nemotron-4 340B, tp8 pp8 vpp12 dp2:
+    5.77e9 local parameters, 10 / 2 = 5 bytes each instead of 6."""
+    assert framework_profile("megatron", "nemo-apex").optimizer_bytes_per_param == 10.0
+    assert framework_profile("megatron", None).optimizer_bytes_per_param is None
+    states = model_state_bytes(1e9, "megatron", 1, 2, 2.0, 10.0)
+    assert states == {"weights": 2e9, "gradients": 2e9, "optimizer": 5e9}
+    run = next(r for r in load_runs({"nemo-24.07"}) if r.run_id == "nemo2407_h100_fp8_nemotron_340b_128gpu")
+    assert run.framework_release == "nemo-apex"
+    _, h100 = load_cost_model("h100")
+    pred = runner.predict(run, h100)
+    cluster, graph = runner._cluster_for(run.cluster, run.num_gpus), runner._graph_for(run)
+    st = setup(graph, cluster, pred.plan, h100)
+    chunks = rank_chunks(assign_layers(graph, st.layout), st.layout)
+    _, apex, dense, _ = rank_memory(0, chunks[0], graph, pred.plan, st, h100)
+    mcore = pred.plan.model_copy(update={"framework_release": None})
+    _, dist, _, _ = rank_memory(0, chunks[0], graph, mcore, setup(graph, cluster, mcore, h100), h100)
+    assert apex["optimizer"] == pytest.approx(5.0 * dense, rel=1e-9)
+    assert dist["optimizer"] - apex["optimizer"] == pytest.approx(1.0 * dense, rel=1e-9)
+
+
+def test_recipes_name_their_optimizer():
+    """The dgxc 24.x recipes with distributed_fused_adam run the nemo-apex release; Grok-1's recipe
+    (mcore_distributed_optim) and the NeMo 2.0 (25.x) tables run Megatron's distributed optimizer."""
+    runs = load_runs({"dgxc-nemo24", "dgxc-nemo25"})
+    assert all(r.framework_release == "nemo-apex" for r in runs if "llama31" in r.run_id and r.source == "dgxc-nemo24")
+    assert all(r.framework_release is None for r in runs if "grok" in r.run_id or r.source == "dgxc-nemo25")

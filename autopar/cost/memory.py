@@ -12,15 +12,17 @@ from autopar.schema.plan import Framework
 BF16 = 2.0
 
 def model_state_bytes(params: float, framework: Framework, zero: int, shard: int,
-                      grad_bytes: float | None = None) -> dict[str, float]:
+                      grad_bytes: float | None = None, optimizer_bytes: float | None = None) -> dict[str, float]:
     """Weights, gradients and optimizer state of `params` parameters on one GPU, sharded over
     `shard` ranks by what ZeRO stage `zero` shards under `framework` (its FrameworkSpec: bytes per
     parameter of each state and the states each stage shards, sources in autopar.frameworks;
     e.g. Megatron 2 + 4 + 12, its distributed optimizer sharding the 12 optimizer bytes: 6 + 12/d);
-    `grad_bytes` replaces the framework's gradient bytes per parameter (see main_grad_bytes)."""
+    `grad_bytes` replaces the framework's gradient bytes per parameter (see main_grad_bytes), and
+    `optimizer_bytes` its optimizer bytes (a release's FrameworkProfile.optimizer_bytes_per_param)."""
     spec = framework_spec(framework)
     w, g, o = spec.state_bytes_per_param
     g = g if grad_bytes is None else grad_bytes
+    o = o if optimizer_bytes is None else optimizer_bytes
     sharded = spec.sharded_states(zero) if zero in spec.zero_stages else ZERO_STATES[:zero]
     return {
         "weights": params * w / (shard if "weights" in sharded else 1),

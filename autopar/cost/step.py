@@ -514,12 +514,13 @@ def rank_memory(rank: int, chunks: list[list[Layer]], graph: ModelGraph, plan: P
         dense, expert, largest, saved, work = memo.stage(
             "rank_contents", key, lambda q: _rank_contents(chunks, graph, q, st.split.tokens, tied_copy, memo), plan)
     g = memory.main_grad_bytes(plan.framework, plan.grad_reduce_in_bf16)
-    states = memory.model_state_bytes(dense, plan.framework, plan.zero, layout.dense_shard, g)
-    expert_states = memory.model_state_bytes(expert, plan.framework, plan.zero, layout.expert_shard, g)
+    fw = framework_profile(plan.framework, plan.framework_release)
+    o = fw.optimizer_bytes_per_param
+    states = memory.model_state_bytes(dense, plan.framework, plan.zero, layout.dense_shard, g, o)
+    expert_states = memory.model_state_bytes(expert, plan.framework, plan.zero, layout.expert_shard, g, o)
     states = {k: states[k] + expert_states[k] for k in states}
     # Interleaved: the rank's in-flight chunks hold its mean chunk's activations.
     activations = layout.inflight[rank] * sum(saved) / len(saved)
-    fw = framework_profile(plan.framework, plan.framework_release)
     unit = largest  # a block: the rank's largest layer
     if plan.zero >= 3 and fw.gather_unit == "module":
         unit = fsdp.largest_unit_params([layer for chunk in chunks for layer in chunk], plan)

@@ -57,6 +57,7 @@ class FrameworkProfile:
     elementwise: str = "fused"  # norms, RoPE, activation: "fused" kernels | "eager" op by op | "compile": per plan
     fp8_casts: str = "te"  # how fp8 linears cast their operands (autopar.cost.layer.FP8_CAST_RECIPES)
     pipeline_scatter_gather: bool = False  # pp sends split over tp without sp, all-gathered on receipt
+    optimizer_bytes_per_param: float | None = None  # replaces FrameworkSpec.state_bytes_per_param's optimizer bytes
 
     def attention_kernel(self, arch: str) -> str:
         return dict(self.attention_kernel_by_arch).get(arch, "fa2")

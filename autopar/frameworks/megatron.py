@@ -43,6 +43,13 @@ Cost profile, per field (sources):
   stage-boundary send is split over the tp ranks and all-gathered on receipt
   (p2p_communication.py, scatter_gather_tensors_in_pipeline; Narayanan et al. SC'21 §4.1);
   Megatron-Core sends the whole tensor.
+- release "nemo-apex", NeMo 1.x with `optim.name: distributed_fused_adam` (every NeMo-Framework-
+  Launcher training config of tag 24.07, until "switch to mcore's optimizer", 3dd35614 of Dec 2024;
+  the dgxc-benchmarking 24.x recipes but Grok-1's): Apex's DistributedFusedAdam, which NeMo builds
+  for a bf16 O2 model with an fp32 optimizer with store_params=False, store_param_remainders=True
+  (megatron_base_model.py setup_optimization): it keeps the two fp32 Adam moments and the 16 low bits
+  of each fp32 master weight (the bf16 weight holds the high 16), 4 + 4 + 2 = 10 bytes per parameter
+  sharded over DP, where Megatron's distributed optimizer keeps a whole fp32 copy, 12.
 """
 
 from __future__ import annotations
@@ -60,6 +67,9 @@ PROFILE = FrameworkProfile(
 
 PRE_CORE = replace(PROFILE, version="Megatron-LM of 2021-22, before Megatron-Core's pipeline (March 2023)",
                    pipeline_scatter_gather=True)
+
+NEMO_APEX = replace(PROFILE, version="NeMo 1.x with Apex DistributedFusedAdam (store_param_remainders)",
+                    optimizer_bytes_per_param=10.0)
 
 def plan_refusals(model_spec, gpus: int, plan) -> list[str]:
     """What Megatron-Core 0.16's hybrid stack cannot run for a model with Mamba-2 layers
@@ -91,6 +101,6 @@ SPEC = FrameworkSpec(
     grad_reduce_in_bf16_settable=True, sequential_experts_settable=True,
     state_bytes_per_param=(2.0, 4.0, 12.0), tied_embedding_copy_with_pp=True,
     checkpoint_bytes_per_param=14.0, async_checkpoint=True,
-    profile=PROFILE, releases=(("pre-core", PRE_CORE),), plan_refusals=plan_refusals,
+    profile=PROFILE, releases=(("pre-core", PRE_CORE), ("nemo-apex", NEMO_APEX)), plan_refusals=plan_refusals,
     exporter="autopar.export:megatron_files", importer="autopar.export.importers:plan_from_megatron_args",
 )

@@ -132,9 +132,10 @@ class ParallelPlan(BaseModel):
     grad_reduce_in_bf16: Flag = Field(
         False, description="Keep and reduce the main gradients in bf16 instead of fp32 (Megatron "
         "--grad-reduce-in-bf16; NeMo optim.grad_sync_dtype bf16). Megatron only.")
-    framework_release: Literal["0.3", "megatron-deepspeed", "2024-12", "pre-core"] | None = Field(
+    framework_release: Literal["0.3", "megatron-deepspeed", "2024-12", "pre-core", "nemo-apex"] | None = Field(
         None, description="An older framework release whose behaviour differs (megatron pre-core: Megatron-LM "
-        "of 2021-22, pipeline sends split over tp and all-gathered on receipt; deepspeed 0.3: DeepSpeed "
+        "of 2021-22, pipeline sends split over tp and all-gathered on receipt; megatron nemo-apex: NeMo 1.x "
+        "with Apex DistributedFusedAdam, 10 optimizer bytes per parameter instead of 12; deepspeed 0.3: DeepSpeed "
         "0.3.13-0.5.5 of 2021, synchronous ZeRO-3 gathers; deepspeed megatron-deepspeed: DeepSpeed running "
         "Megatron-DeepSpeed's GPT, fused kernels and loss, instead of a Hugging Face model; torchtitan 2024-12: "
         "commit 9dec370 with torchao's tensorwise float8); None = current releases.")

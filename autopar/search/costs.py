@@ -564,11 +564,13 @@ def state_bytes_per_param(layout: Layout, plan: ParallelPlan) -> tuple[float, fl
     # Only the states resident at the forward/backward peak (memory.resident_state_bytes): FSDP2
     # frees its gradients between steps, so with one microbatch they are not counted (the estimate's
     # peak is the larger phase, so this stays a lower bound of it).
-    persistent = framework_profile(plan.framework, plan.framework_release).persistent_gradients
+    fw = framework_profile(plan.framework, plan.framework_release)
+    persistent = fw.persistent_gradients
     m = layout.num_microbatches
     g = memory.main_grad_bytes(plan.framework, plan.grad_reduce_in_bf16)
-    dense = memory.model_state_bytes(1.0, plan.framework, plan.zero, layout.dense_shard, g)
-    expert = memory.model_state_bytes(1.0, plan.framework, plan.zero, layout.expert_shard, g)
+    o = fw.optimizer_bytes_per_param
+    dense = memory.model_state_bytes(1.0, plan.framework, plan.zero, layout.dense_shard, g, o)
+    expert = memory.model_state_bytes(1.0, plan.framework, plan.zero, layout.expert_shard, g, o)
     return memory.resident_state_bytes(dense, persistent, m), memory.resident_state_bytes(expert, persistent, m)
 
 

@@ -154,6 +154,23 @@ _BF16_GRAD_RECIPES = frozenset({
     "recipe llama3.1/llama3.1_405b.yaml @ 143b90d", "recipe llama3.1/llama3.1_70b.yaml @ 143b90d",
     "recipe llama3.1/llama3.1_8b.yaml @ 143b90d", "recipe nemotron/nemotron4-340b-synth.yaml @ 143b90d",
 })
+# NeMo 1.x runs with Apex's DistributedFusedAdam (framework release "nemo-apex", autopar.frameworks.megatron):
+# every NeMo-Framework-Launcher training config of tag 24.07 (8325688d) names `optim: distributed_fused_adam`
+# (nemo-24.07), as do the dgxc-benchmarking recipe files below at the row's commit; Grok-1's recipe names
+# mcore_distributed_optim (Megatron's distributed optimizer), and nemotron4-15b-synth.yaml @ 0b71cfd too.
+_APEX_ADAM_SOURCES = frozenset({"nemo-24.07"})
+_APEX_ADAM_RECIPES = frozenset({
+    "recipe nemo_megatron/gpt3_175b_hydra.yaml @ 35a9aec", "recipe llama3.1/llama3.1_405b.yaml @ 143b90d",
+    "recipe llama3.1/llama3.1_70b.yaml @ 143b90d", "recipe llama3.1/llama3.1_8b.yaml @ 143b90d",
+    "recipe nemotron/nemotron4-340b-synth.yaml @ 143b90d",
+})
+
+
+def _release(source: str, recipe: str | None) -> str | None:
+    """The framework release whose profile the row ran (autopar.frameworks), None for the current one."""
+    if source in _APEX_ADAM_SOURCES or recipe in _APEX_ADAM_RECIPES:
+        return "nemo-apex"
+    return _SOURCE_TO_RELEASE.get(source)
 
 
 @dataclass(frozen=True, slots=True)
@@ -670,7 +687,7 @@ def _published_fields(row: _Row) -> dict[str, Any]:
         "measured_tokens_per_s_per_gpu": throughput.tokens_per_s_per_gpu,
         "measured_step_time_s": throughput.step_time_s, "conversion": throughput.conversion,
         "confidence": row.confidence, "notes": notes,
-        "framework": _SOURCE_TO_FRAMEWORK.get(source, "megatron"), "framework_release": _SOURCE_TO_RELEASE.get(source),
+        "framework": _SOURCE_TO_FRAMEWORK.get(source, "megatron"), "framework_release": _release(source, row.recipe_context),
         "grad_reduce_in_bf16": (row.id in _BF16_GRAD_RUNS or source in _BF16_GRAD_SOURCES
                                 or row.recipe_context in _BF16_GRAD_RECIPES),
         "measured_memory_gib": row.metrics.memory_gib,
