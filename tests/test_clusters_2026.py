@@ -101,7 +101,8 @@ def test_blackwell_no_longer_predicts_as_hopper_scaled_by_the_datasheet():
     _, bw = load_cost_model("b200")
     _, h = load_cost_model("h100")
     assert bw.gemm_max < 0.9 * h.gemm_max and bw.fp8_speedup < 0.9 * h.fp8_speedup
-    assert load_cost_model("b200")[1].gemm_max == load_cost_model("gb200")[1].gemm_max  # derived from the GB200 fit
+    # derived from the GB200 fit, carried by the MAMF table: 0.4734 x 0.776 / 0.729 (autopar.calibration.ceilings)
+    assert bw.gemm_max == pytest.approx(load_cost_model("gb200")[1].gemm_max * 0.776 / 0.729, abs=1e-4)
 
 
 # --- exports ------------------------------------------------------------------------------------------

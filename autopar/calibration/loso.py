@@ -12,7 +12,8 @@ values were fitted on the withheld runs. Shape and overhead terms (GEMM half-dim
 keep their shipped values: the refit is of the efficiencies a new source would shift. H800 runs
 use the refitted H100 efficiencies, as the shipped h800 model is derived from h100. GB200 runs are
 refitted on the other GB200 runs; when every GB200 run is withheld (they are all one source's), the
-gb200 model keeps its own kernel tables and takes the H100 refit's efficiencies (_TRANSFER_FROM).
+gb200 model keeps its own kernel tables and takes the H100 refit's efficiencies (_TRANSFER_FROM), its
+gemm_max carried by the two GPUs' measured matmul ceilings (autopar.calibration.ceilings).
 
 Summary (APE = |predicted − measured| / measured, in percent): `median_ape` and `p90_ape` are
 percentiles over all withheld runs with each source weighted equally (a source's runs share its
@@ -30,6 +31,7 @@ from pathlib import Path
 from statistics import median
 from typing import Any
 
+from autopar.calibration.ceilings import carried_gemm_max
 from autopar.calibration.fit import (
     LOSO_FREE_FOR_GPU, _field, builtin_fit_runs, fit, fittable, with_values, without_frameworks,
 )
@@ -68,8 +70,12 @@ def _refit_file(source: str, family: str, iters: int, single_stride: int):
     orphaned = {fw for fw in base.frameworks if not any(r.framework == fw for r in runs)}
     base = without_frameworks(base, orphaned)
     if not runs and family in _TRANSFER_FROM:  # the shipped fit saw only the withheld source's runs
-        donor = _refit_file(source, _TRANSFER_FROM[family], iters, single_stride)
-        return with_values(base, {name: _field(donor, name) for name in LOSO_FREE_FOR_GPU[family]})
+        donor_family = _TRANSFER_FROM[family]
+        donor = _refit_file(source, donor_family, iters, single_stride)
+        values = {name: _field(donor, name) for name in LOSO_FREE_FOR_GPU[family]}
+        if "gemm_max" in values:  # the matmul kernels' distance from peak differs by GPU (MAMF table)
+            values["gemm_max"] = carried_gemm_max(values["gemm_max"], donor_family, family)
+        return with_values(base, values)
     free = fittable(LOSO_FREE_FOR_GPU[family], runs)
     if not runs or not free or iters <= 0:
         return base
