@@ -209,3 +209,31 @@ def test_recipes_name_their_optimizer():
     runs = load_runs({"dgxc-nemo24", "dgxc-nemo25"})
     assert all(r.framework_release == "nemo-apex" for r in runs if "llama31" in r.run_id and r.source == "dgxc-nemo24")
     assert all(r.framework_release is None for r in runs if "grok" in r.run_id or r.source == "dgxc-nemo25")
+
+
+def test_torchtitan_pipeline_keeps_the_stage_unsharded_through_the_step():
+    """torchtitan with pp > 1: reshard_after_forward=False (parallelize.apply_fsdp) and PyTorch's
+    pipelining skips resharding and gradient reduction until the last backward (stage.py
+    backward_maybe_with_nosync). Each stage parameter holds its bf16 weight (2) and its unsharded fp32
+    gradient (4) through the step, 6 bytes; hand-worked on Llama-3-70B, tp8 pp4 dp8: rank 0's local
+    parameters × 6. Its FSDP traffic is one gather and one reduce-scatter pass per step."""
+    from autopar.cost import memory as mem
+
+    graph, cluster = load_model("llama3-70b"), load_cluster("dgx-h100", 256)
+    _, h100 = load_cost_model("h100")
+    plan = ParallelPlan(tp=8, pp=4, zero=3, framework="torchtitan", global_batch=256, seq_len=8192,
+                        recompute=Recompute(mode="full"))
+    assert mem.stage_unsharded_bytes_per_param("torchtitan") == 6.0
+    assert fsdp.stage_stays_unsharded(plan) and fsdp.passes_per_step(plan, 32) == 1
+    assert not fsdp.stage_stays_unsharded(plan.changed(pp=1))
+    assert not fsdp.stage_stays_unsharded(plan.changed(framework="megatron", zero=3))
+    st = setup(graph, cluster, plan, h100)
+    chunks = rank_chunks(assign_layers(graph, st.layout), st.layout)
+    _, breakdown, dense, expert = rank_memory(0, chunks[0], graph, plan, st, h100)
+    assert breakdown["fsdp_gathered"] == pytest.approx(6.0 * (dense + expert), rel=1e-12)
+    assert 2.0e9 < dense < 2.5e9  # 70.6e9 / 32 plus rank 0's embedding share
+    # pp 1 keeps only the gathered blocks (4 bytes per parameter of the largest unit)
+    flat = plan.changed(pp=1, tp=8)
+    st1 = setup(graph, cluster, flat, h100)
+    _, b1, _, _ = rank_memory(0, rank_chunks(assign_layers(graph, st1.layout), st1.layout)[0], graph, flat, st1, h100)
+    assert b1["fsdp_gathered"] < 0.1 * breakdown["fsdp_gathered"]

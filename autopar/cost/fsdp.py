@@ -102,12 +102,27 @@ def per_rank_copies_s(buffer_bytes: float, n: int, cluster: Cluster, p: CostPara
     return 2.0 * buffer_bytes / (cluster.hbm_bytes_per_s * p.hbm_efficiency) + n * LIST_COPY_KERNEL_S
 
 
+def stage_stays_unsharded(plan: ParallelPlan) -> bool:
+    """ZeRO-3 under pp > 1 in a framework that keeps the stage gathered through the step
+    (FrameworkSpec.pp_keeps_stage_unsharded: torchtitan with PyTorch's pipelining)."""
+    return plan.zero >= 3 and plan.pp > 1 and REGISTRY[plan.framework].pp_keeps_stage_unsharded
+
+
+def passes_per_step(plan: ParallelPlan, microbatches: int) -> int:
+    """How many times a step pays exposed_per_microbatch_s: once per microbatch, or once per step when
+    the stage stays unsharded (gathered at the first microbatch, reduce-scattered after the last)."""
+    return 1 if stage_stays_unsharded(plan) else microbatches
+
+
 def exposed_per_microbatch_s(layers: list[tuple[Layer, LayerCost, str]], plan: ParallelPlan,
                              span: comm.GroupSpan, cluster: Cluster, p: CostParams) -> float:
     """Exposed ZeRO-3/FSDP communication of one microbatch on one pipeline rank (0 below ZeRO 3).
-    `layers`: the rank's layers in execution order with their cost and recompute mode."""
+    `layers`: the rank's layers in execution order with their cost and recompute mode. When the
+    stage stays unsharded (stage_stays_unsharded) the backward gathers nothing: the weights gathered
+    for the forward are still there."""
     if plan.zero < 3 or span.size <= 1:
         return 0.0
+    unsharded = stage_stays_unsharded(plan)
     fw = framework_profile(plan.framework, plan.framework_release)
     grad_bytes = memory.main_grad_bytes(plan.framework, plan.grad_reduce_in_bf16)
     fwd_comm, fwd_compute, bwd_comm, bwd_compute, ahead = [], [], [], [], []
@@ -115,7 +130,7 @@ def exposed_per_microbatch_s(layers: list[tuple[Layer, LayerCost, str]], plan: P
     n = span.size if fw.per_rank_copies else 1
     for layer, c, mode in layers:
         units = gather_units(layer, plan, fw.gather_unit, fw.persistence_threshold_params)
-        backward_gathers = fw.gathers_under_full_recompute - 1 if mode == "full" else 1
+        backward_gathers = 0 if unsharded else fw.gathers_under_full_recompute - 1 if mode == "full" else 1
         share = len(units or [1])  # a layer's compute is shared evenly by its units
         fwd_s = c.fwd_compute_s / share
         bwd_s = (c.bwd_compute_s + (c.fwd_compute_s if mode == "full" else 0.0)) / share

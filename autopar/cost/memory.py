@@ -32,15 +32,26 @@ def model_state_bytes(params: float, framework: Framework, zero: int, shard: int
 
 
 def fsdp_transient_bytes(stage_params: float, unit_params: float, framework: Framework, zero: int,
-                         bytes_per_unit_param: float) -> float:
+                         bytes_per_unit_param: float, pp: int = 1) -> float:
     """Unsharded weights (and gradients) alive at once: ZeRO-3/FSDP holds `bytes_per_unit_param` per
     parameter of its largest gather unit (autopar.frameworks, gathered_bytes_per_unit_param);
-    torchtitan's zero 2 (reshard_after_forward=False) keeps the stage's bf16 weights twice."""
+    torchtitan's zero 2 (reshard_after_forward=False) keeps the stage's bf16 weights twice; with
+    pp > 1 torchtitan's ZeRO-3 keeps the whole stage unsharded (stage_unsharded_bytes_per_param)."""
     if zero == 2 and framework_spec(framework).zero2_keeps_weights_gathered:
         return 2.0 * stage_params
+    if zero >= 3 and pp > 1 and framework_spec(framework).pp_keeps_stage_unsharded:
+        return stage_unsharded_bytes_per_param(framework) * stage_params
     if zero >= 3:
         return bytes_per_unit_param * unit_params
     return 0.0
+
+
+def stage_unsharded_bytes_per_param(framework: Framework) -> float:
+    """Bytes per stage parameter held through a pipelined step by a framework whose ZeRO-3 keeps the
+    stage unsharded under pp > 1 (FrameworkSpec.pp_keeps_stage_unsharded; torchtitan: sources in
+    autopar.frameworks.torchtitan): the gathered 16-bit weights and the unsharded gradient
+    accumulated in the reduce dtype, 2 + 4 for torchtitan."""
+    return BF16 + main_grad_bytes(framework, False)
 
 
 def activation_divisor(split: str, tp: int, sp: bool) -> int:

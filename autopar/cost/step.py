@@ -525,7 +525,7 @@ def rank_memory(rank: int, chunks: list[list[Layer]], graph: ModelGraph, plan: P
     if plan.zero >= 3 and fw.gather_unit == "module":
         unit = fsdp.largest_unit_params([layer for chunk in chunks for layer in chunk], plan)
     gathered = memory.fsdp_transient_bytes(dense + expert, unit, plan.framework, plan.zero,
-                                           fw.gathered_bytes_per_unit_param)
+                                           fw.gathered_bytes_per_unit_param, plan.pp)
     persistent = fw.persistent_gradients
     resident = memory.resident_state_bytes(states, persistent, st.m)
     fwd_bwd = resident + activations + work + gathered
@@ -653,7 +653,7 @@ def estimate(graph: ModelGraph, cluster: Cluster, plan: ParallelPlan, p: CostPar
         slack = r * (b[-1] / plan.vpp)  # later ranks finish their last backward earlier
         dp_exposed = max(dp_exposed, max(0.0, _exposed_dp_s(sync, b[-1], plan) - slack)
                          + st.m * _exposed_dp_s(sync_per_microbatch, b[-1], plan))
-        dp_exposed = max(dp_exposed, st.m * fsdp.exposed_per_microbatch_s(
+        dp_exposed = max(dp_exposed, fsdp.passes_per_step(plan, st.m) * fsdp.exposed_per_microbatch_s(
             memo.stage("rank_layers", rank_key, lambda q: rank_layers(chunks, costs, q), plan), plan, st.dp_span, cluster,
             p))
         stage_rows.append(StageEstimate(rank=r, layers=decoders,

@@ -92,6 +92,9 @@ class FrameworkSpec:
     # --- memory policy
     state_bytes_per_param: tuple[float, float, float] = (2.0, 4.0, 12.0)  # weights, gradients, optimizer
     zero2_keeps_weights_gathered: bool = False  # stage 2 shards all states and keeps the bf16 weights twice
+    # With pp > 1, ZeRO-3 keeps the stage unsharded through the step: its 16-bit weights gathered at the
+    # first microbatch and its gradients accumulated unsharded until the last (autopar.cost.fsdp)
+    pp_keeps_stage_unsharded: bool = False
     layer_split: str = "megatron"  # default split of uneven layer counts: "megatron" | "torchtitan"
     tied_embedding_copy_with_pp: bool = False  # tied embeddings keep a second copy on the last stage
     # --- checkpoints (autopar.cost.run)

@@ -24,6 +24,16 @@ Cost profile, per field (sources):
   pass and a cast per tensor on every call, the weights included, with the bytes torchao's own
   roofline model gives them: rowwise in torchtitan 0.3 (its only recipe: each operand cast again in
   backward along the axis its GEMM needs); tensorwise in torchtitan of Dec 2024 (release 2024-12).
+- pipeline parallelism with FSDP: torchtitan builds the blocks with reshard_after_forward=False
+  when pp is on ("For PP, do not reshard after forward to avoid per-microbatch all-gathers",
+  parallelize.apply_fsdp, reshard_after_forward_policy "default"), and PyTorch's pipelining turns
+  off resharding and gradient reduction for every backward but the last
+  (torch/distributed/pipelining/stage.py, _PipelineStageBase.backward_maybe_with_nosync:
+  set_reshard_after_backward(False), set_requires_gradient_sync(False); _post_backward restores
+  them). So a stage's bf16 weights are gathered once per step and stay gathered, its gradients
+  accumulate unsharded in the fp32 reduce dtype, and they are reduce-scattered once, after the last
+  microbatch: 2 + 4 bytes per stage parameter held through the step, one gather pass and one
+  reduce-scatter pass per step instead of per microbatch.
 - parameter gathers: FSDP2 gathers one transformer block at a time (fully_shard per block) with one
   block of prefetch; the recompute of an AC-wrapped block runs inside the block's unsharded
   backward (two gathers); it holds the computing block and the prefetched one in bf16.
@@ -228,7 +238,8 @@ SPEC = FrameworkSpec(
     searched_zero_stages=(0, 2, 3),
     cp_comm_types=("allgather",), default_cp_comm_type="allgather",
     default_torch_compile=True, selective_label="selective(op)",
-    state_bytes_per_param=(4.0, 4.0, 8.0), zero2_keeps_weights_gathered=True, layer_split="torchtitan",
+    state_bytes_per_param=(4.0, 4.0, 8.0), zero2_keeps_weights_gathered=True, pp_keeps_stage_unsharded=True,
+    layer_split="torchtitan",
     checkpoint_bytes_per_param=12.0, async_checkpoint=True,
     profile=PROFILE, releases=(("2024-12", DEC_2024),),
     model_refusals=model_refusals, plan_refusals=plan_refusals,

@@ -43,7 +43,7 @@ from operator import add, itemgetter, sub
 
 from autopar import caching
 from autopar.caching import cached_property
-from autopar.cost import memory
+from autopar.cost import fsdp, memory
 from autopar.cost.layer import layer_cost
 from autopar.frameworks import framework_profile
 from autopar.cost.layout import Layout
@@ -571,7 +571,11 @@ def state_bytes_per_param(layout: Layout, plan: ParallelPlan) -> tuple[float, fl
     o = fw.optimizer_bytes_per_param
     dense = memory.model_state_bytes(1.0, plan.framework, plan.zero, layout.dense_shard, g, o)
     expert = memory.model_state_bytes(1.0, plan.framework, plan.zero, layout.expert_shard, g, o)
-    return memory.resident_state_bytes(dense, persistent, m), memory.resident_state_bytes(expert, persistent, m)
+    # A stage kept unsharded through the step (torchtitan's ZeRO-3 under pp) holds its weights and
+    # gradients per parameter: exactly the estimate's memory.fsdp_transient_bytes, linear in the params.
+    held = memory.stage_unsharded_bytes_per_param(plan.framework) if fsdp.stage_stays_unsharded(plan) else 0.0
+    return (memory.resident_state_bytes(dense, persistent, m) + held,
+            memory.resident_state_bytes(expert, persistent, m) + held)
 
 
 @dataclass(frozen=True)
