@@ -162,9 +162,12 @@ def test_a_mamba_layer_issues_half_the_tp_traffic_of_an_attention_mlp_layer():
 
 
 def test_mamba_scan_and_cp_all_to_all_by_hand():
-    """A Nemotron-H Mamba layer at tp 4, cp 2: its scan is priced as attention kernels over its
-    FLOPs on the rank's tokens and heads (scan FLOPs · tokens / tp), and its CP cost, forward and
-    backward, is one all-to-all of [z, x, B, C, dt] and y (2 · (37120 + 16384) bytes a token / tp)."""
+    """A Nemotron-H Mamba layer at tp 4, cp 2: its scan is priced at the measured SSD kernel rate
+    (h100.json's `ssd` entry, 0.10 / 0.081 of peak) over its FLOPs on the rank's tokens and heads
+    (scan FLOPs · tokens / tp), each pass at least its HBM traffic (256 heads of 64, state 256,
+    chunk 128: S = 32,768 state elements a token; forward 12·S + 10·16,384 = 557,056 bytes,
+    backward 34·S + 44·16,384 = 1,835,008), and its CP cost, forward and backward, is one
+    all-to-all of [z, x, B, C, dt] and y (2 · (37120 + 16384) bytes a token / tp)."""
     from autopar.cost import comm
     from autopar.cost.compute import attention_time_s
     from autopar.cost.layer import layer_cost, recurrent_scan_s
@@ -179,12 +182,17 @@ def test_mamba_scan_and_cp_all_to_all_by_hand():
     s = st.split
     mamba = next(x for x in nemo.decoder_layers if x.mixer == "mamba2")
     assert mamba.cp_a2a_bytes_per_token == 2 * (37120 + 16384)
-    fwd_rate, bwd_rate = p.attention_rate(s.attention_kernel)
+    assert p.kernel_rate("ssd") == (0.10, 0.081) and mamba.scan_kernel == "ssd"
+    assert (mamba.scan_bytes_fwd_per_token, mamba.scan_bytes_bwd_per_token) == (557_056, 1_835_008)
     flops = mamba.scan_flops_per_token * s.tokens / 4
     peak = s.attn_peak_flops or s.peak_flops
-    assert recurrent_scan_s(mamba, s, p) == (attention_time_s(flops, 4096, peak, p, False, fwd_rate),
-                                             p.attention_backward_ratio * attention_time_s(flops, 4096, peak, p,
-                                                                                           False, bwd_rate))
+    by_rate = (attention_time_s(flops, 4096, peak, p, False, 0.10),
+               p.attention_backward_ratio * attention_time_s(flops, 4096, peak, p, False, 0.081))
+    assert recurrent_scan_s(mamba, s, p) == by_rate  # no HBM rate given: the kernel rate alone
+    bw = cluster.hbm_bytes_per_s * p.hbm_efficiency
+    floor = (557_056 * s.tokens / 4 / bw, 1_835_008 * s.tokens / 4 / bw)
+    assert recurrent_scan_s(mamba, s, p, cluster.hbm_bytes_per_s) == (max(by_rate[0], floor[0]),
+                                                                       max(by_rate[1], floor[1]))
     cost = layer_cost(mamba, s, st.spans, cluster, p, False)
     a2a = comm.all_to_all_s(2 * (37120 + 16384) * s.tokens / 4, st.spans.cp, cluster, p)
     assert a2a > 0 and cost.cp_comm_fwd_s == cost.cp_comm_bwd_s == a2a

@@ -187,3 +187,20 @@ def test_dgxc_llama31_70b_step_time_and_tokens_by_hand() -> None:
     assert (run.tp, run.pp, run.cp, run.dp, run.vpp, run.framework, run.precision) == (4, 4, 2, 2, 5, "megatron", "bf16")
     # FSDP column 0 is no FSDP: the distributed optimizer (ZeRO 1), not ZeRO 3.
     assert all(r.zero_stage != 3 for r in load_runs({"dgxc-nemo24", "dgxc-nemo25"}))
+
+
+def test_recipes_that_leave_tp_overlap_off_are_scored_without_it():
+    """NeMo 25.04's pretrain_nemotronh_56b.py builds its recipe without performance_mode (no
+    MegatronCommOverlapCallback) and pretrain_deepseek_v3.py adds one with tp_comm_overlap=False:
+    those runs are predicted without TP overlap; the other 25.x runs leave it open."""
+    from autopar.cost.params import load_cost_model
+    from autopar.validate import runner
+
+    runs = load_runs({"dgxc-nemo25"})
+    off = [r for r in runs if "nemotronh" in r.run_id or "deepseek_v3" in r.run_id]
+    assert len(off) == 13 and all(r.tp_comm_overlap is False for r in off)
+    assert all(r.tp_comm_overlap is None for r in runs if r not in off)
+    h100 = load_cost_model("h100")[1]
+    nemo = next(r for r in off if r.run_id == "dgxc_v250504_nemotronh_56b_fp8_h100_128gpu")
+    assert {plan.tp_comm_overlap for plan in runner.candidate_plans(nemo, runner._graph_for(nemo))} == {False}
+    assert not runner.predict(nemo, h100).plan.tp_comm_overlap

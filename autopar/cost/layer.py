@@ -276,7 +276,7 @@ def _compute(layer: Layer, s: Split, cluster: Cluster, p: CostParams,
     module_s[OP_SAC] = 0.5 * gemm_fwd + ew_fwd
     permute = moe_permute_s(layer, s, cluster, p) + moe_sort_chunks_s(layer, s, cluster, p)
     module_s["moe"] = module_s.get("moe", 0.0) + permute if layer.num_experts else module_s.get("moe", 0.0)
-    scan_fwd, scan_bwd = recurrent_scan_s(layer, s, p)
+    scan_fwd, scan_bwd = recurrent_scan_s(layer, s, p, cluster.hbm_bytes_per_s)
     fwd = gemm_fwd + attn_fwd + scores_s + ew_fwd + permute + scan_fwd
     bwd = gemm_bwd + attn_bwd + 2.0 * (ew_fwd + scores_s) + permute + scan_bwd
     if layer.kind in ("dense", "moe", "mtp"):  # launch-bound floor: the GPU waits for the CPU
@@ -313,21 +313,29 @@ def _attention_and_elementwise_s(layer: Layer, s: Split, cluster: Cluster, p: Co
     return attn_fwd, attn_bwd, scores_s, ew_fwd, norm_s, act_s
 
 
-def recurrent_scan_s(layer: Layer, s: Split, p: CostParams) -> tuple[float, float]:
+def recurrent_scan_s(layer: Layer, s: Split, p: CostParams, hbm_bytes_per_s: float = 0.0) -> tuple[float, float]:
     """Forward and backward seconds of a recurrent mixer's conv and chunked scan (Mamba-2's SSD,
     the delta rule of Gated DeltaNet and KDA: autopar.model.mixers), on the rank's tokens and its
     tp share of the heads (under Mamba's CP all-to-all a rank holds all tokens of heads/cp: the
-    same FLOPs). The chunked forms are batched matmuls over chunk-sized blocks, priced at the
-    attention kernels' efficiency over the rank's sequence; backward at the attention backward ratio
-    (the kernels recompute the chunk states in backward, as flash attention recomputes its
-    scores). Ignores the chunk-to-chunk recurrence's serial launches."""
+    same FLOPs). The chunked forms are batched matmuls over chunk-sized blocks, priced at the rate
+    the cost model's kernel table gives the scan's own kernel family (`ssd`: mamba_ssm's Triton
+    kernels, measured) or else at the attention kernels' efficiency, over the rank's sequence;
+    backward at the attention backward ratio (the kernels recompute the chunk states in backward,
+    as flash attention recomputes its scores). Each pass takes at least its HBM traffic
+    (Layer.scan_bytes_*: the fp32 chunk states) at `hbm_bytes_per_s` × hbm_efficiency. Ignores the
+    chunk-to-chunk recurrence's serial launches."""
     if not layer.scan_flops_per_token:
         return 0.0, 0.0
     flops = layer.scan_flops_per_token * s.tokens / s.tp
     peak = s.attn_peak_flops or s.peak_flops
-    fwd_rate, bwd_rate = p.attention_rate(s.attention_kernel)
+    own = p.kernel_rate(layer.scan_kernel) if layer.scan_kernel else None
+    fwd_rate, bwd_rate = own or p.attention_rate(s.attention_kernel)
     fwd = attention_time_s(flops, s.seq_len / s.cp, peak, p, False, fwd_rate)
     bwd = p.attention_backward_ratio * attention_time_s(flops, s.seq_len / s.cp, peak, p, False, bwd_rate)
+    if hbm_bytes_per_s > 0 and layer.scan_bytes_fwd_per_token:
+        bw = hbm_bytes_per_s * p.hbm_efficiency
+        fwd = max(fwd, layer.scan_bytes_fwd_per_token * s.tokens / s.tp / bw)
+        bwd = max(bwd, layer.scan_bytes_bwd_per_token * s.tokens / s.tp / bw)
     return fwd, bwd
 
 

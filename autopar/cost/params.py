@@ -51,6 +51,11 @@ class CostParams:
     framework: str = "megatron"
     fp4_speedup: float = 0.0  # achieved fp4 over bf16 GEMM speed-up; 0 = derived (autopar.cost.compute.gemm_peak_flops)
 
+    def kernel_rate(self, kernel: str) -> tuple[float, float] | None:
+        """(forward, backward) fraction of the bf16 peak of a kernel family the file's table names
+        (attention_kernels), None where it has no entry."""
+        return next(((f, b) for k, f, b in self.attention_rates if k == kernel), None)
+
     def attention_rate(self, kernel: str) -> tuple[float, float]:
         """(forward, backward) fraction of the bf16 peak of a flash kernel family; a profiled entry
         overrides every family; without a table, attention_max for both passes."""

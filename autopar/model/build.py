@@ -175,7 +175,7 @@ def _mixer_block(spec: ModelSpec, letter: str) -> dict:
     (M, G, K), or nothing (-)."""
     h = spec.hidden_size
     out = dict(gemms=[], other=0, other_tp=0, acts=[], ew_flops=0.0, ew_tp=0.0, eager_tp=0.0, attn_coef=0.0,
-               index_coef=0.0, scan=0.0, norms=0, shape=dict(num_heads=0, num_kv_heads=0, head_dim_qk=0, head_dim_v=0),
+               index_coef=0.0, scan=0.0, scan_kernel="", scan_bytes=(0.0, 0.0), norms=0, shape=dict(num_heads=0, num_kv_heads=0, head_dim_qk=0, head_dim_v=0),
                window=None, chunk=None, top_k=None, cp_a2a=0.0)
     if letter == "-":
         return out
@@ -207,7 +207,8 @@ def _mixer_block(spec: ModelSpec, letter: str) -> dict:
     cp_a2a = (mixer.gemms[0].n + mixer.gemms[-1].k) * B2 if letter == "M" else 0.0
     out.update(gemms=list(mixer.gemms), other=_norm_params(spec, h) + mixer.params_replicated,
                other_tp=mixer.params_tp, acts=acts, ew_flops=mixer.elementwise_flops_per_token,
-               ew_tp=mixer.elementwise_bytes_per_token_tp, scan=mixer.scan_flops_per_token, cp_a2a=cp_a2a)
+               ew_tp=mixer.elementwise_bytes_per_token_tp, scan=mixer.scan_flops_per_token, cp_a2a=cp_a2a,
+               scan_kernel=mixer.scan_kernel, scan_bytes=mixer.scan_bytes_per_token)
     return out
 
 
@@ -291,6 +292,8 @@ def _decoder_layer(spec: ModelSpec, index: int, decoder_index: int) -> Layer:
         top_k=spec.moe.top_k if ffn["moe"] else 0, num_experts=spec.moe.num_experts if ffn["moe"] else 0,
         attention_window=mix["window"], attention_chunk=mix["chunk"], attention_top_k=mix["top_k"],
         mixer=_MIXER_OF_LETTER[m_letter], variant=variant, scan_flops_per_token=mix["scan"],
+        scan_kernel=mix["scan_kernel"], scan_bytes_fwd_per_token=mix["scan_bytes"][0],
+        scan_bytes_bwd_per_token=mix["scan_bytes"][1],
         index_flops_per_token_per_seq=mix["index_coef"], tp_blocks=float(tp_blocks) if spec.is_hybrid else 0.0,
         cp_a2a_bytes_per_token=mix["cp_a2a"], **mix["shape"],
     )

@@ -143,6 +143,9 @@ class Layer:
     mixer: str = "attention"
     variant: str = ""
     scan_flops_per_token: float = 0.0  # a recurrent mixer's conv + chunked scan (autopar.model.mixers)
+    scan_kernel: str = ""  # the scan's kernel family (Mixer.scan_kernel); "" = priced as attention
+    scan_bytes_fwd_per_token: float = 0.0  # HBM bytes of the scan kernels, forward (tp-split)
+    scan_bytes_bwd_per_token: float = 0.0  # and backward
     index_flops_per_token_per_seq: float = 0.0  # DSA indexer: FLOPs per earlier key, every key scored
     attention_chunk: int | None = None  # chunked attention (Llama 4): a query sees its own chunk only
     attention_top_k: int | None = None  # DSA: keys a query attends to at most

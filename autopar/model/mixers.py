@@ -58,6 +58,27 @@ class Mixer:
     scan_flops_per_token: float  # FLOPs of the conv and the chunked scan, beyond the GEMMs
     elementwise_flops_per_token: float
     elementwise_bytes_per_token_tp: float  # HBM traffic of the conv, gates and norm (tp-split)
+    scan_kernel: str = ""  # the scan's kernel family in a cost model's kernel table ("" = attention's)
+    scan_bytes_per_token: tuple[float, float] = (0.0, 0.0)  # (forward, backward) HBM bytes of the scan kernels (tp-split)
+
+
+def ssd_scan_bytes_per_token(num_heads: int, head_dim: int, state_size: int, chunk: int) -> tuple[float, float]:
+    """(forward, backward) HBM bytes per token of Mamba-2's chunked SSD kernels as mamba_ssm runs them
+    (mamba_ssm/ops/triton/ssd_combined.py @ 2e16fc3, the tree NeMo 25.04 installs; Megatron's
+    mamba_split_conv1d_scan_combined calls these kernels). The chunk states, H·P·N per chunk of Q
+    tokens, S = H·P·N/Q elements a token, dominate:
+      forward: _chunk_state_fwd writes them in fp32 (states_in_fp32=True, 4·S), _state_passing_fwd
+        reads them (4·S) and writes the carried states in bf16 (2·S), _chunk_scan_fwd reads those
+        (2·S): 12·S; and x (read by the state and the scan kernels), z, out and out_x, 2·H·P bf16
+        each: 10·H·P;
+      backward (_mamba_chunk_scan_combined_bwd): the states recomputed (12·S as forward), dstates in
+        fp32 from _chunk_scan_bwd_dstates, through _state_passing_bwd (read and written, with the
+        states read again) and read by the dx, dB and ddA kernels: 22·S more, 34·S; x, z, dout, out
+        and their gradients read and written by the five backward kernels: 44·H·P.
+    B, C and dt (G·N and H a token) are left out."""
+    s = num_heads * head_dim * state_size / chunk
+    hp = num_heads * head_dim
+    return 12.0 * s + 10.0 * hp, 34.0 * s + 44.0 * hp
 
 
 def ssd_scan_flops_per_token(num_heads: int, head_dim: int, state_size: int, num_groups: int, chunk: int) -> float:
@@ -118,7 +139,8 @@ def mamba2(m: MambaSpec, hidden: int) -> Mixer:
     ew_flops = GATED_NORM_FLOPS_PER_ELEMENT * d_inner + SOFTPLUS_FLOPS_PER_ELEMENT * m.num_heads
     # conv: read + write conv_dim; gated norm: read y and z, write its output
     ew_bytes = B2 * (2 * conv_dim + 3 * d_inner)
-    return Mixer(gemms, params_tp, 0, acts, scan, float(ew_flops), float(ew_bytes))
+    return Mixer(gemms, params_tp, 0, acts, scan, float(ew_flops), float(ew_bytes), "ssd",
+                 ssd_scan_bytes_per_token(m.num_heads, m.head_dim, m.state_size, m.chunk_size))
 
 
 def gated_deltanet(la: LinearAttentionSpec, hidden: int) -> Mixer:

@@ -166,6 +166,22 @@ _APEX_ADAM_RECIPES = frozenset({
 })
 
 
+# dgxc-nemo25 runs whose NeMo 2.0 performance script leaves TP communication overlap off (NeMo @ 7a8f1cc,
+# the 25.04 image's tree, as the recipes' setup.sh pins it): scripts/performance/llm/pretrain_nemotronh_56b.py
+# calls pretrain_recipe() without performance_mode, and only performance mode adds the
+# MegatronCommOverlapCallback(tp_comm_overlap=True) (recipes/nemotronh_56b.py); pretrain_deepseek_v3.py adds
+# MegatronCommOverlapCallback(tp_comm_overlap=False). The other 25.x scripts call
+# pretrain_recipe(performance_mode=True) and leave the choice to the recipe, so it stays open there.
+_NO_TP_OVERLAP_MODELS = ("nemotronh_56b", "deepseek_v3")
+
+
+def _tp_comm_overlap(source: str, run_id: str) -> bool | None:
+    """The TP communication overlap a run's recipe fixes, None where the source leaves it open."""
+    if source == "dgxc-nemo25" and any(f"_{m}_" in run_id for m in _NO_TP_OVERLAP_MODELS):
+        return False
+    return None
+
+
 def _release(source: str, recipe: str | None) -> str | None:
     """The framework release whose profile the row ran (autopar.frameworks), None for the current one."""
     if source in _APEX_ADAM_SOURCES or recipe in _APEX_ADAM_RECIPES:
@@ -213,6 +229,7 @@ class MeasuredRun:
     grad_reduce_in_bf16: bool = False  # the recipe keeps gradients in bf16, as in ParallelPlan
     measured_memory_gib: float | None = None  # peak memory the source measured (max reserved), GiB
     compiled: bool | None = None  # torch.compile on (torchtitan rows), None where not applicable
+    tp_comm_overlap: bool | None = None  # the recipe's TP communication overlap, None where left open
     plan: Any = None  # a user's run (autopar.validate.user_runs): the exact ParallelPlan it ran, nothing free
     # (GPUs, global batch) of the smallest run of the same recipe table (same model, layout and settings at
     # other GPU counts), where it is not this run: its free settings ran there too, so they must fit there.
@@ -692,6 +709,7 @@ def _published_fields(row: _Row) -> dict[str, Any]:
                                 or row.recipe_context in _BF16_GRAD_RECIPES),
         "measured_memory_gib": row.metrics.memory_gib,
         "compiled": _compiled(row) if source == "torchtitan-2412" else None,
+        "tp_comm_overlap": _tp_comm_overlap(source, row.id),
     }
 
 

@@ -139,6 +139,8 @@ def candidate_plans(run: MeasuredRun, graph: ModelGraph) -> list[ParallelPlan]:
         vpp_options = [1] + [v for v in range(2, graph.spec.num_layers // run.pp + 1)
                              if run.pp > 1 and graph.spec.num_layers % (run.pp * v) == 0]
     overlap_options = [False, True] if run.tp > 1 and run.source.startswith(("nemo", "megatron", "dgxc")) else [False]
+    if run.tp_comm_overlap is not None:  # the recipe fixes it
+        overlap_options = [run.tp_comm_overlap and run.tp > 1]
     zero = run.zero_stage if run.zero_stage is not None else framework_spec(run.framework).default_zero
     ep_options = _ep_options(run, graph, dp)
     cp_comm = framework_spec(run.framework).default_cp_comm_type  # torchtitan all-gathers K/V
