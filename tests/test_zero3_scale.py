@@ -237,3 +237,31 @@ def test_torchtitan_pipeline_keeps_the_stage_unsharded_through_the_step():
     st1 = setup(graph, cluster, flat, h100)
     _, b1, _, _ = rank_memory(0, rank_chunks(assign_layers(graph, st1.layout), st1.layout)[0], graph, flat, st1, h100)
     assert b1["fsdp_gathered"] < 0.1 * breakdown["fsdp_gathered"]
+
+
+def test_deepspeed_2021_regathers_its_persistent_parameters_after_every_step():
+    """DeepSpeed 0.3.13-0.5.4: every norm weight and bias and every linear bias (under 1e5 elements) is
+    re-partitioned at the end of backward and gathered again after the step, one copy kernel per
+    parameter per rank (partition_parameters._allgather_params). Megatron's GPT 175B (h 12,288) has 8
+    such tensors a layer: two LayerNorms' weight and bias, the qkv, proj, fc1 and fc2 biases; on 1,536
+    ranks that is 96 · 8 · 1,536 copies of 8 µs = 9.44 s a step, plus one all-gather of their 16-bit
+    slices."""
+    from autopar.cost import comm
+    from autopar.cost.fsdp import LIST_COPY_KERNEL_S, per_rank_copies_s, persistent_regather_s, persistent_tensors
+
+    run = next(r for r in load_runs({"narayanan21-zero3"}) if r.run_id.endswith("175b_1536gpu"))
+    cluster, graph = runner._cluster_for(run.cluster, run.num_gpus), runner._graph_for(run)
+    plan = ParallelPlan(global_batch=1536, seq_len=2048, mbs=1, zero=3, framework="deepspeed", framework_release="0.3",
+                        recompute=Recompute(mode="full"))
+    h = 12288
+    layer = graph.decoder_layers[0]
+    assert persistent_tensors(layer, plan, 1e5) == (8, 4 * h + 3 * h + h + 4 * h + h)
+    st = setup(graph, cluster, plan, A100)
+    t = persistent_regather_s(list(graph.decoder_layers), plan, st.dp_span, cluster, A100)
+    gathered = 96 * 13 * h * 2.0
+    expected = (comm.all_gather_s(gathered, st.dp_span, cluster, A100)
+                + per_rank_copies_s(gathered, 1536, cluster, A100) + 96 * 8 * 1536 * LIST_COPY_KERNEL_S)
+    assert t == pytest.approx(expected, rel=1e-12) and 96 * 8 * 1536 * 8e-6 == pytest.approx(9.437, abs=1e-3)
+    # the current DeepSpeed (coalesced, _all_gather_base) and Megatron pay nothing of it
+    assert persistent_regather_s(list(graph.decoder_layers), plan.changed(framework_release=None), st.dp_span,
+                                 cluster, A100) == 0.0

@@ -49,12 +49,15 @@ def gather_units(layer: Layer, plan: ParallelPlan, unit: str, persistence_thresh
     for g in layer.gemms:
         if g.tied:
             continue
+        params = g.params
+        if g.bias and not g.is_expert and _local_bias(g, plan) < persistence_threshold:  # persistent_tensors
+            params -= g.n
         if g.is_expert:
-            per_gemm.append(g.params / (plan.ep * plan.expert_tp))
+            per_gemm.append(params / (plan.ep * plan.expert_tp))
         elif g.split in ("col", "row", "vocab"):
-            per_gemm.append(g.params / plan.tp)
+            per_gemm.append(params / plan.tp)
         else:
-            per_gemm.append(float(g.params))
+            per_gemm.append(float(params))
     other = layer.other_params_tp / plan.tp + layer.other_params_replicated
     if layer.gemms and max(g.n for g in layer.gemms) < persistence_threshold:
         other = 0.0
@@ -112,6 +115,49 @@ def passes_per_step(plan: ParallelPlan, microbatches: int) -> int:
     """How many times a step pays exposed_per_microbatch_s: once per microbatch, or once per step when
     the stage stays unsharded (gathered at the first microbatch, reduce-scattered after the last)."""
     return 1 if stage_stays_unsharded(plan) else microbatches
+
+
+def _local_bias(g, plan: ParallelPlan) -> float:
+    """Elements of a dense GEMM's bias on one GPU: split over tp with a column-parallel output."""
+    return g.n / plan.tp if g.split in ("col", "vocab") else float(g.n)
+
+
+def persistent_tensors(layer: Layer, plan: ParallelPlan, threshold: float) -> tuple[int, float]:
+    """(count, elements on one GPU) of `layer`'s parameter tensors under DeepSpeed's persistence
+    threshold: its norms' weights and biases (hidden_size each) and the biases of its dense GEMMs
+    (n, split over tp for a column-parallel one), each under `threshold` elements."""
+    count, elements = 0, 0.0
+    for g in layer.gemms:
+        if not g.bias or g.tied or g.is_expert:
+            continue
+        numel = _local_bias(g, plan)
+        if numel < threshold:
+            count, elements = count + 1, elements + numel
+    width = max((g.k for g in layer.gemms if g.split in ("col", "none") and not g.is_expert), default=0)  # hidden
+    if layer.norm_tensors and width < threshold:
+        count, elements = count + layer.norm_tensors, elements + layer.norm_tensors * width
+    return count, elements
+
+
+def persistent_regather_s(layers: list[Layer], plan: ParallelPlan, span: comm.GroupSpan, cluster: Cluster,
+                          p: CostParams) -> float:
+    """Once per step, 0 unless the release re-gathers its persistent parameters after each step
+    (FrameworkProfile.persistent_regather: DeepSpeed 0.3.13-0.5.4, see autopar.frameworks.deepspeed):
+    one all_gather of their slices (with its per-rank copies) and one copy kernel per parameter per
+    rank into the replicated tensors (LIST_COPY_KERNEL_S each), synchronous."""
+    fw = framework_profile(plan.framework, plan.framework_release)
+    if plan.zero < 3 or span.size <= 1 or not fw.persistent_regather:
+        return 0.0
+    count, elements = 0, 0.0
+    for layer in layers:
+        c, e = persistent_tensors(layer, plan, fw.persistence_threshold_params)
+        count, elements = count + c, elements + e
+    if not count:
+        return 0.0
+    n = span.size
+    gathered = elements * BF16_BYTES
+    return (comm.all_gather_s(gathered, span, cluster, p) + per_rank_copies_s(gathered, n, cluster, p)
+            + count * n * LIST_COPY_KERNEL_S)
 
 
 def exposed_per_microbatch_s(layers: list[tuple[Layer, LayerCost, str]], plan: ParallelPlan,

@@ -49,6 +49,9 @@ class FrameworkProfile:
     persistence_threshold_params: float = 0.0  # parameters smaller than this are never partitioned
     synchronous_gathers: bool = False  # every parameter gather waits for the device: no prefetch overlap
     per_rank_copies: bool = False  # ZeRO-3 collectives copy each rank's slice with its own kernel
+    # ZeRO-3 re-gathers its persistent (under-threshold) parameters after every step, copying each rank's
+    # slice of each of them into place with its own kernel (autopar.cost.fsdp.persistent_regather_s)
+    persistent_regather: bool = False
     gathered_bytes_per_unit_param: float = 4.0  # unsharded bytes alive per parameter of the largest gather unit
     cp_ring: str = "te"  # "te": Transformer Engine's CP attention | "torch": PyTorch's ring (fp32 merge, dK/dV ring)
     cp_repeats_kv_heads: bool = False  # CP moves K/V repeated to the query heads (GQA expanded before SDPA)

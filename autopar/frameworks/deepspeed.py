@@ -49,6 +49,12 @@ Cost profile, per field (sources):
   through a flat buffer and one copy_ per rank (same PR: "torch.distributed.all_gather will do
   implicit memcpy"; fixed with _all_gather_base in v0.5.6); the list-form collective's flat copy
   adds 2 bytes per gathered parameter (ProcessGroupNCCL newLikeFlat): 6 bytes.
+  Its persistent parameters are partitioned with the rest at the end of backward
+  (stage3.py _partition_all_parameters, release_and_reset_parameter on every named parameter) and
+  gathered again after every step (_post_step: persistent_parameters[0].all_gather(...)), through
+  partition_parameters._allgather_params: one all_gather of their slices, then for each parameter
+  and each rank a narrow(...).copy_() into the replicated tensor, one copy kernel per parameter
+  per rank (v0.3.13 to v0.5.4; v0.5.5 coalesced it).
 """
 
 from __future__ import annotations
@@ -69,7 +75,8 @@ MEGATRON_DEEPSPEED = replace(PROFILE, version="DeepSpeed 0.9+ running Megatron-D
                              selective_policy="modules", fused_cross_entropy=True, elementwise="fused", pipeline_scatter_gather=True)
 
 V0_3 = replace(PROFILE, version="DeepSpeed 0.3.13-0.5.5 (2021) on PyTorch <= 1.8, Megatron-DeepSpeed",
-               selective_policy="modules", synchronous_gathers=True, per_rank_copies=True, gathered_bytes_per_unit_param=6.0,
+               selective_policy="modules", synchronous_gathers=True, per_rank_copies=True, persistent_regather=True,
+               gathered_bytes_per_unit_param=6.0,
                elementwise="fused", fused_cross_entropy=True, pipeline_scatter_gather=True)
 
 

@@ -295,7 +295,8 @@ def _decoder_layer(spec: ModelSpec, index: int, decoder_index: int) -> Layer:
         scan_kernel=mix["scan_kernel"], scan_bytes_fwd_per_token=mix["scan_bytes"][0],
         scan_bytes_bwd_per_token=mix["scan_bytes"][1],
         index_flops_per_token_per_seq=mix["index_coef"], tp_blocks=float(tp_blocks) if spec.is_hybrid else 0.0,
-        cp_a2a_bytes_per_token=mix["cp_a2a"], **mix["shape"],
+        cp_a2a_bytes_per_token=mix["cp_a2a"], norm_tensors=blocks * (2 if spec.normalization == "layernorm" else 1),
+        **mix["shape"],
     )
 
 

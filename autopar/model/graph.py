@@ -151,6 +151,7 @@ class Layer:
     attention_top_k: int | None = None  # DSA: keys a query attends to at most
     tp_blocks: float = 0.0  # TP-parallel blocks of a decoder layer (0: as its kind, autopar.cost.layer)
     cp_a2a_bytes_per_token: float = 0.0  # Mamba CP: bytes per token all-to-all'd each way (tp-split)
+    norm_tensors: int = 0  # parameter tensors of the layer's norms (a weight each, and a bias for LayerNorm)
 
     # Derived once at construction (the cost model reads them for every layer of every plan):
     params: int = field(init=False, repr=False, compare=False)  # all weights

@@ -107,8 +107,18 @@ def _spec_for(run: MeasuredRun, shared_experts: int) -> ModelSpec:
         vocab_size=_vocab(run), moe=moe_spec, mla=mla,
         seq_length=run.seq_len, activation=a.get("activation") or "gelu",
         normalization=a.get("normalization") or "layernorm", position_embedding=a.get("position_embedding") or "rope",
-        tie_embeddings=bool(a.get("tie_embeddings")), dropout=run.source in ("narayanan21", "korthikanti22") or run.source.startswith("vtrain"),
+        tie_embeddings=bool(a.get("tie_embeddings")), dropout=_megatron_gpt(run),
+        qkv_bias=_megatron_gpt(run), attn_out_bias=_megatron_gpt(run), mlp_bias=_megatron_gpt(run),
     )
+
+
+def _megatron_gpt(run: MeasuredRun) -> bool:
+    """The run trained Megatron-LM's GPT of 2021-22 (SC'21 and Korthikanti's scripts, the SC'21 ZeRO-3
+    comparison's "ZeRO-3 via DeepSpeed integrated into the Megatron codebase", Megatron-DeepSpeed's
+    copy in vTrain): attention and hidden dropout 0.1 (megatron/arguments.py defaults), hence the
+    fused scale-mask-softmax attention rather than a flash kernel, and a bias on every linear
+    (ColumnParallelLinear / RowParallelLinear bias=True, megatron/model/transformer.py)."""
+    return run.source in ("narayanan21", "korthikanti22", "narayanan21-zero3") or run.source.startswith("vtrain")
 
 
 def _moe_layer_freq(run: MeasuredRun) -> int:
