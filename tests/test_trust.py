@@ -38,13 +38,14 @@ def _sources(values_by_source: dict[str, list[float]], regime: str = "dense<=8k"
 def test_band_is_the_narrowest_step_that_holds_on_a_withheld_source() -> None:
     # Four sources, five runs each at ±0.05 except source d at +0.15. At q 0.10 the band built
     # without d is [-0.05, 0.05]: d's runs fall outside (coverage 15/20 = 0.75 < 0.80), so the
-    # ladder widens. q = 0 is the same interval; widen 1.25 gives [-0.0625, 0.0625], still short;
-    # 1.5 -> 0.075, 2.0 -> 0.10 still short of 0.15; 3.0 -> 0.15: every run of d inside.
+    # family widens. Every q gives the same interval here; widen 1.25 gives [-0.0625, 0.0625],
+    # still short; 1.5 -> 0.075, 2.0 -> 0.10 still short of 0.15; 3.0 -> 0.15: every run of d
+    # inside. Equal widths go to the smaller widening, then the larger q: (0.10, 3.0).
     rs = _sources({"a": [-0.05, 0.05] * 2 + [0.0], "b": [-0.05, 0.05] * 2 + [0.0],
                    "c": [-0.05, 0.05] * 2 + [0.0], "d": [0.15] * 5})
     out = calibrate_bands(rs, ["dense<=8k"])
     band = out["bands"]["dense<=8k"]
-    assert (band["quantile"], band["widen"]) == (0.0, 3.0)
+    assert (band["quantile"], band["widen"]) == (0.1, 3.0)
     assert band["band_coverage"] == 1.0
     assert band["low"] == pytest.approx(-0.15) and band["high"] == pytest.approx(0.45)  # all sources, widened 3x
     assert band["sources"] == 4 and not band["widened"]

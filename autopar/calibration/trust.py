@@ -6,10 +6,10 @@ measured = predicted / (1 + r), so a band [lo, hi] of residuals puts the measure
 prediction T in [T / (1 + hi), T / (1 + lo)]. The unit of novelty is a source, so a band is chosen by
 how often it holds on a source that did not shape it (nested leave-one-source-out): for every source
 of a regime, the band is built from the *other* sources' residuals and scored on that source's runs.
-The band of a regime is the narrowest of a fixed ladder — source-weighted residual quantiles at
-(q, 1 − q) for q in QUANTILE_LADDER, then those widened by WIDEN_LADDER about 0 — whose nested
-coverage reaches BAND_COVERAGE_TARGET, both as a share of runs and with every source weighted
-equally. The interval always contains 0, so the point estimate is inside its band; a regime whose
+The band of a regime is the narrowest of a fixed family — source-weighted residual quantiles at
+(q, 1 − q) for q in QUANTILE_LADDER, each widened about 0 by every factor of WIDEN_LADDER, ordered
+by the width they give on the regime's own residuals — whose nested coverage reaches
+BAND_COVERAGE_TARGET, both as a share of runs and with every source weighted equally. The interval always contains 0, so the point estimate is inside its band; a regime whose
 residuals are all of one sign is reported with its `bias` (a physics defect to find, not a band
 to shift). A regime resting on fewer than MIN_BAND_SOURCES sources takes the union of its band and
 the overall band, both widened by the same ladder step, and says so (`widened`). Residuals are source-weighted (each source's runs share
@@ -105,9 +105,11 @@ def _coverage(hits: Sequence[tuple[str, bool]]) -> tuple[float, float]:
     return run_share, source_share
 
 
-def _ladder() -> list[tuple[float, float]]:
-    """(q, widen) from the narrowest band to the widest."""
-    return [(q, 1.0) for q in QUANTILE_LADDER] + [(0.0, w) for w in WIDEN_LADDER[1:]]
+def _ladder(width) -> list[tuple[float, float]]:
+    """Every (q, widen) of the family, from the narrowest band to the widest by `width(q, widen)`
+    (ties: the smaller widening, then the larger q)."""
+    steps = [(q, w) for q in QUANTILE_LADDER for w in WIDEN_LADDER]
+    return sorted(steps, key=lambda step: (width(*step), step[1], -step[0]))
 
 
 def _nested_hits(rs: Sequence[Residual], regime: str | None, q: float, widen: float,
@@ -130,8 +132,17 @@ def _nested_hits(rs: Sequence[Residual], regime: str | None, q: float, widen: fl
 
 def _choose(rs: Sequence[Residual], regime: str | None, overall_q: tuple[float, float]) -> tuple[float, float, float]:
     """(q, widen, run coverage) of the narrowest ladder step whose nested coverage reaches the target."""
+    inside = [r for r in rs if regime is None or r.regime == regime]
+    if regime is None:
+        def width(q: float, w: float) -> float:
+            lo, hi = interval(rs, q, w)
+            return hi - lo
+    else:
+        def width(q: float, w: float) -> float:
+            lo, hi = _band_from(inside, rs, q, w, interval(rs, *overall_q))
+            return hi - lo
     last = (0.0, WIDEN_LADDER[-1], math.nan)
-    for q, widen in _ladder():
+    for q, widen in _ladder(width):
         runs, sources = _coverage(_nested_hits(rs, regime, q, widen, overall_q))
         last = (q, widen, runs)
         if runs >= BAND_COVERAGE_TARGET and sources >= BAND_COVERAGE_TARGET:
