@@ -265,3 +265,15 @@ def test_deepspeed_2021_regathers_its_persistent_parameters_after_every_step():
     # the current DeepSpeed (coalesced, _all_gather_base) and Megatron pay nothing of it
     assert persistent_regather_s(list(graph.decoder_layers), plan.changed(framework_release=None), st.dp_span,
                                  cluster, A100) == 0.0
+
+
+def test_torchtitan_zero2_under_pp_accumulates_unsharded_gradients_too():
+    """torchtitan's zero 2 keeps the stage's bf16 weights gathered (2 bytes a parameter); under pp the
+    pipelining's deferred reduction adds the unsharded fp32 gradients: 2 + 4 = 6 bytes a stage
+    parameter, as at zero 3; without pp, 2. Megatron's ZeRO-3 holds its largest unit (4 bytes each)."""
+    from autopar.cost.memory import fsdp_transient_bytes
+
+    assert fsdp_transient_bytes(1e9, 1e8, "torchtitan", 2, 4.0, pp=4) == 6e9
+    assert fsdp_transient_bytes(1e9, 1e8, "torchtitan", 2, 4.0, pp=1) == 2e9
+    assert fsdp_transient_bytes(1e9, 1e8, "torchtitan", 3, 4.0, pp=4) == 6e9
+    assert fsdp_transient_bytes(1e9, 1e8, "megatron", 3, 4.0, pp=4) == 4e8

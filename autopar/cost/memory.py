@@ -36,10 +36,13 @@ def fsdp_transient_bytes(stage_params: float, unit_params: float, framework: Fra
     """Unsharded weights (and gradients) alive at once: ZeRO-3/FSDP holds `bytes_per_unit_param` per
     parameter of its largest gather unit (autopar.frameworks, gathered_bytes_per_unit_param);
     torchtitan's zero 2 (reshard_after_forward=False) keeps the stage's bf16 weights twice; with
-    pp > 1 torchtitan's ZeRO-3 keeps the whole stage unsharded (stage_unsharded_bytes_per_param)."""
-    if zero == 2 and framework_spec(framework).zero2_keeps_weights_gathered:
-        return 2.0 * stage_params
-    if zero >= 3 and pp > 1 and framework_spec(framework).pp_keeps_stage_unsharded:
+    pp > 1 torchtitan keeps the whole stage unsharded (stage_unsharded_bytes_per_param), at zero 2
+    its gradients on top of the weights zero 2 holds anyway."""
+    spec = framework_spec(framework)
+    pipelined = pp > 1 and spec.pp_keeps_stage_unsharded
+    if zero == 2 and spec.zero2_keeps_weights_gathered:
+        return (2.0 + (main_grad_bytes(framework, False) if pipelined else 0.0)) * stage_params
+    if zero >= 3 and pipelined:
         return stage_unsharded_bytes_per_param(framework) * stage_params
     if zero >= 3:
         return bytes_per_unit_param * unit_params

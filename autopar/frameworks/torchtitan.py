@@ -33,7 +33,8 @@ Cost profile, per field (sources):
   them). So a stage's bf16 weights are gathered once per step and stay gathered, its gradients
   accumulate unsharded in the fp32 reduce dtype, and they are reduce-scattered once, after the last
   microbatch: 2 + 4 bytes per stage parameter held through the step, one gather pass and one
-  reduce-scatter pass per step instead of per microbatch.
+  reduce-scatter pass per step instead of per microbatch (at zero 2, the gradients' 4 bytes on top
+  of the weights zero 2 holds anyway).
 - parameter gathers: FSDP2 gathers one transformer block at a time (fully_shard per block) with one
   block of prefetch; the recompute of an AC-wrapped block runs inside the block's unsharded
   backward (two gathers); it holds the computing block and the prefetched one in bf16.
