@@ -204,3 +204,19 @@ def test_recipes_that_leave_tp_overlap_off_are_scored_without_it():
     nemo = next(r for r in off if r.run_id == "dgxc_v250504_nemotronh_56b_fp8_h100_128gpu")
     assert {plan.tp_comm_overlap for plan in runner.candidate_plans(nemo, runner._graph_for(nemo))} == {False}
     assert not runner.predict(nemo, h100).plan.tp_comm_overlap
+
+
+def test_deepseek_v3_runs_recompute_what_their_launch_script_names():
+    """dgxc-benchmarking deepseek_v3/pretraining/launch.sh @ 1f6d9f4 passes --recompute_modules
+    mla_up_proj on H100 and core_attn on GB200: those runs are predicted with exactly that selective
+    recompute, nothing else enumerated."""
+    from autopar.validate import runner
+
+    runs = [r for r in load_runs({"dgxc-nemo25"}) if "deepseek_v3" in r.run_id]
+    assert len(runs) == 6
+    for r in runs:
+        want = ("mla_up_proj",) if "_h100_" in r.run_id else ("core_attn",)
+        assert r.recompute == "selective" and r.recompute_modules == want
+        plans = runner.candidate_plans(r, runner._graph_for(r))
+        assert plans and {p.recompute.modules for p in plans} == {want}
+    assert all(r.recompute_modules is None for r in load_runs({"dgxc-nemo24", "nemo-24.07"}))

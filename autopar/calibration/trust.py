@@ -9,8 +9,9 @@ of a regime, the band is built from the *other* sources' residuals and scored on
 The band of a regime is the narrowest of a fixed family — source-weighted residual quantiles at
 (q, 1 − q) for q in QUANTILE_LADDER, each widened about 0 by every factor of WIDEN_LADDER, ordered
 by the width they give on the regime's own residuals — whose nested coverage reaches
-BAND_COVERAGE_TARGET, both as a share of runs and with every source weighted equally. The interval always contains 0, so the point estimate is inside its band; a regime whose
-residuals are all of one sign is reported with its `bias` (a physics defect to find, not a band
+BAND_COVERAGE_TARGET, both as a share of runs and with every source weighted equally. The
+interval always contains 0, so the point estimate is inside its band; a regime whose residuals are
+all of one sign is reported with its `bias` (a physics defect to find, not a band
 to shift). A regime resting on fewer than MIN_BAND_SOURCES sources takes the union of its band and
 the overall band, both widened by the same ladder step, and says so (`widened`). Residuals are source-weighted (each source's runs share
 one unit) so 1,440 vTrain runs do not set the band of a regime alone.

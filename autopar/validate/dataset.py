@@ -182,6 +182,20 @@ def _tp_comm_overlap(source: str, run_id: str) -> bool | None:
     return None
 
 
+# Selective recompute modules a recipe's launch script passes (--recompute_modules) where its README table
+# does not print them: dgxc-benchmarking deepseek_v3/pretraining/launch.sh @ 1f6d9f4 sets RM='mla_up_proj' for
+# H100 and RM='core_attn' for GB200.
+_RECIPE_RECOMPUTE_MODULES = {("deepseek_v3", "h100"): ("mla_up_proj",), ("deepseek_v3", "gb200"): ("core_attn",)}
+
+
+def _recipe_recompute(source: str, run_id: str) -> tuple[str, ...] | None:
+    """The selective recompute modules the run's launch script states, None where it states none."""
+    if source != "dgxc-nemo25":
+        return None
+    return next((mods for (model, gpu), mods in _RECIPE_RECOMPUTE_MODULES.items()
+                 if f"_{model}_" in run_id and f"_{gpu}_" in run_id), None)
+
+
 def _release(source: str, recipe: str | None) -> str | None:
     """The framework release whose profile the row ran (autopar.frameworks), None for the current one."""
     if source in _APEX_ADAM_SOURCES or recipe in _APEX_ADAM_RECIPES:
@@ -230,6 +244,7 @@ class MeasuredRun:
     measured_memory_gib: float | None = None  # peak memory the source measured (max reserved), GiB
     compiled: bool | None = None  # torch.compile on (torchtitan rows), None where not applicable
     tp_comm_overlap: bool | None = None  # the recipe's TP communication overlap, None where left open
+    recompute_modules: tuple[str, ...] | None = None  # selective recompute's modules where the recipe names them
     plan: Any = None  # a user's run (autopar.validate.user_runs): the exact ParallelPlan it ran, nothing free
     # (GPUs, global batch) of the smallest run of the same recipe table (same model, layout and settings at
     # other GPU counts), where it is not this run: its free settings ran there too, so they must fit there.
@@ -699,7 +714,7 @@ def _published_fields(row: _Row) -> dict[str, Any]:
         "arch": arch, "cluster": _cluster_of(row), "num_gpus": row.hardware.num_gpus,
         "seq_len": row.model.seq_length, "global_batch": row.parallel.global_batch_size,
         "micro_batch": row.parallel.micro_batch_size, **degrees,
-        "sequence_parallel": row.parallel.sequence_parallel, "recompute": _recompute(row.parallel.recompute),
+        "sequence_parallel": row.parallel.sequence_parallel, "recompute": _recompute(row.parallel.recompute) or ("selective" if _recipe_recompute(source, row.id) else None),
         "zero_stage": zero_stage, "precision": precision,
         "measured_tokens_per_s_per_gpu": throughput.tokens_per_s_per_gpu,
         "measured_step_time_s": throughput.step_time_s, "conversion": throughput.conversion,
@@ -710,6 +725,7 @@ def _published_fields(row: _Row) -> dict[str, Any]:
         "measured_memory_gib": row.metrics.memory_gib,
         "compiled": _compiled(row) if source == "torchtitan-2412" else None,
         "tp_comm_overlap": _tp_comm_overlap(source, row.id),
+        "recompute_modules": _recipe_recompute(source, row.id),
     }
 
 

@@ -161,7 +161,7 @@ def candidate_plans(run: MeasuredRun, graph: ModelGraph) -> list[ParallelPlan]:
             continue
         plan = ParallelPlan(tp=run.tp, pp=run.pp, cp=run.cp, ep=ep, etp=_etp(run), vpp=vpp, mbs=mbs,
                             global_batch=run.global_batch, seq_len=run.seq_len, zero=zero,
-                            sp=sp if run.tp > 1 else None, recompute=Recompute(mode=rec),
+                            sp=sp if run.tp > 1 else None, recompute=_recompute(rec, run),
                             precision="fp8" if run.precision == "fp8" else "bf16",
                             tp_comm_overlap=overlap, overlap_grad_reduce=not _local_ddp(run),
                             overlap_param_gather=not _local_ddp(run), framework=run.framework,
@@ -170,6 +170,13 @@ def candidate_plans(run: MeasuredRun, graph: ModelGraph) -> list[ParallelPlan]:
         if not _violations(plan, run, graph):
             plans.append(plan)
     return plans
+
+
+def _recompute(mode: str, run: MeasuredRun) -> Recompute:
+    """The recompute of a candidate: selective with the modules the run's recipe names, where it does."""
+    if mode == "selective" and run.recompute_modules:
+        return Recompute(mode=mode, modules=run.recompute_modules)
+    return Recompute(mode=mode)
 
 
 def _ep_options(run: MeasuredRun, graph: ModelGraph, dp: int) -> list[int]:
