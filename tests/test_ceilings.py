@@ -35,7 +35,7 @@ def test_derived_cost_models_match_their_donors_current_fits():
         own = load_cost_model(name)[1]
         assert own.gemm_max == pytest.approx(ceilings.carried_gemm_max(fitted.gemm_max, donor, name), abs=6e-5), name
         if name.startswith("mi"):
-            assert own.fp8_speedup == pytest.approx(fitted.fp8_speedup * ceilings.AMD_FP8_GAIN_RATIO, abs=6e-5)
+            assert own.fp8_speedup == pytest.approx(fitted.fp8_speedup * ceilings.amd_fp8_gain_ratio(), abs=6e-5)
 
 
 def test_loso_transfer_to_gb200_carries_gemm_max_by_the_ceilings():

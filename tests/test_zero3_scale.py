@@ -223,7 +223,7 @@ def test_torchtitan_pipeline_keeps_the_stage_unsharded_through_the_step():
     _, h100 = load_cost_model("h100")
     plan = ParallelPlan(tp=8, pp=4, zero=3, framework="torchtitan", global_batch=256, seq_len=8192,
                         recompute=Recompute(mode="full"))
-    assert mem.stage_unsharded_bytes_per_param("torchtitan") == 6.0
+    assert mem.pipelined_held_bytes_per_param("torchtitan", 3, 4) == 6.0
     assert fsdp.stage_stays_unsharded(plan) and fsdp.passes_per_step(plan, 32) == 1
     assert not fsdp.stage_stays_unsharded(plan.changed(pp=1))
     assert not fsdp.stage_stays_unsharded(plan.changed(framework="megatron", zero=3))
@@ -257,13 +257,13 @@ def test_deepspeed_2021_regathers_its_persistent_parameters_after_every_step():
     layer = graph.decoder_layers[0]
     assert persistent_tensors(layer, plan, 1e5) == (8, 4 * h + 3 * h + h + 4 * h + h)
     st = setup(graph, cluster, plan, A100)
-    t = persistent_regather_s(list(graph.decoder_layers), plan, st.dp_span, cluster, A100)
+    t = persistent_regather_s([list(graph.decoder_layers)], plan, st.dp_span, cluster, A100)
     gathered = 96 * 13 * h * 2.0
     expected = (comm.all_gather_s(gathered, st.dp_span, cluster, A100)
                 + per_rank_copies_s(gathered, 1536, cluster, A100) + 96 * 8 * 1536 * LIST_COPY_KERNEL_S)
     assert t == pytest.approx(expected, rel=1e-12) and 96 * 8 * 1536 * 8e-6 == pytest.approx(9.437, abs=1e-3)
     # the current DeepSpeed (coalesced, _all_gather_base) and Megatron pay nothing of it
-    assert persistent_regather_s(list(graph.decoder_layers), plan.changed(framework_release=None), st.dp_span,
+    assert persistent_regather_s([list(graph.decoder_layers)], plan.changed(framework_release=None), st.dp_span,
                                  cluster, A100) == 0.0
 
 

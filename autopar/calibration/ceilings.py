@@ -31,11 +31,6 @@ CEILINGS_FILE = "measured/matmul_ceilings.json"
 # Derived cost models (no runs of their own) -> the fitted cost model whose gemm_max they carry.
 DERIVED_FROM = {"b200": "gb200", "b300": "gb200", "mi300x": "h100", "mi325x": "h100", "mi355x": "h100"}
 
-# AMD's fp8 gain over bf16 relative to H100's, from a GEMM benchmark of both stacks (the MAMF table has
-# no MI300X fp8 row): SemiAnalysis, 'MI300X vs H100 vs H200 Benchmark Part 1: Training' (Dec 2024),
-# large shapes, read from the charts (+-10 %): MI300X ~620 TFLOP/s BF16, ~990 FP8 (hipBLASLt); H100
-# ~720 BF16, ~1,280 FP8 (cuBLASLt); (990/620)/(1,280/720) = 0.898, taken for CDNA 3 and CDNA 4 alike.
-AMD_FP8_GAIN_RATIO = (990 / 620) / (1280 / 720)
 _AMD = ("mi300x", "mi325x", "mi355x")
 
 
@@ -48,6 +43,14 @@ def mamf_efficiency(gpu: str, precision: str = "bf16") -> float | None:
     """MAMF / dense peak of cost-model family `gpu` (e.g. "h100", "gb200"), None where the table has no row."""
     row = _table()[precision].get(gpu)
     return None if row is None else float(row["efficiency"])
+
+
+def amd_fp8_gain_ratio() -> float:
+    """AMD's fp8-over-bf16 GEMM gain relative to H100's, from the file's `fp8_gain_benchmark` (a GEMM
+    benchmark of both stacks; the MAMF table has no AMD fp8 row): (990/620)/(1,280/720) = 0.898."""
+    bench = _table()["fp8_gain_benchmark"]
+    gain = {gpu: bench[gpu]["fp8_tflops"] / bench[gpu]["bf16_tflops"] for gpu in ("mi300x", "h100")}
+    return gain["mi300x"] / gain["h100"]
 
 
 def carried_gemm_max(value: float, from_gpu: str, to_gpu: str) -> float:
@@ -83,11 +86,12 @@ def rewrite_derived(names: list[str] | None = None) -> list[str]:
         content["constant_sources"]["compute.gemm_max"] = source_line(donor, name, fitted)
         if name in _AMD:
             gain = json.loads((root / f"{donor}.json").read_text(encoding="utf-8"))["compute"]["fp8_speedup"]
-            content["compute"]["fp8_speedup"] = round(gain * AMD_FP8_GAIN_RATIO, 4)
+            ratio = amd_fp8_gain_ratio()
+            content["compute"]["fp8_speedup"] = round(gain * ratio, 4)
             content["constant_sources"]["compute.fp8_speedup"] = (
                 f"derived from a kernel benchmark: the {donor} fit's fp8_speedup ({gain:.3f}) times the AMD/H100 "
-                f"ratio of fp8-over-bf16 GEMM gains, (990/620)/(1,280/720) = {AMD_FP8_GAIN_RATIO:.3f}: "
-                f"{gain * AMD_FP8_GAIN_RATIO:.4f}; SemiAnalysis, 'MI300X vs H100 vs H200 Benchmark Part 1: Training' "
+                f"ratio of fp8-over-bf16 GEMM gains, (990/620)/(1,280/720) = {ratio:.3f}: "
+                f"{gain * ratio:.4f}; SemiAnalysis, 'MI300X vs H100 vs H200 Benchmark Part 1: Training' "
                 "(Dec 2024), GEMM benchmark, large shapes (read from the charts, +-10 %): MI300X ~620 TFLOP/s BF16, "
                 "~990 FP8 (hipBLASLt); H100 ~720 BF16, ~1,280 FP8 (cuBLASLt); the MAMF table has no AMD fp8 row")
         content["provenance"]["command"] = ("python -m autopar.calibration.ceilings (gemm_max" + (

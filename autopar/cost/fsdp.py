@@ -139,17 +139,18 @@ def persistent_tensors(layer: Layer, plan: ParallelPlan, threshold: float) -> tu
     return count, elements
 
 
-def persistent_regather_s(layers: list[Layer], plan: ParallelPlan, span: comm.GroupSpan, cluster: Cluster,
+def persistent_regather_s(chunks: list[list[Layer]], plan: ParallelPlan, span: comm.GroupSpan, cluster: Cluster,
                           p: CostParams) -> float:
     """Once per step, 0 unless the release re-gathers its persistent parameters after each step
     (FrameworkProfile.persistent_regather: DeepSpeed 0.3.13-0.5.4, see autopar.frameworks.deepspeed):
     one all_gather of their slices (with its per-rank copies) and one copy kernel per parameter per
-    rank into the replicated tensors (LIST_COPY_KERNEL_S each), synchronous."""
+    rank into the replicated tensors (LIST_COPY_KERNEL_S each), synchronous. `chunks`: the rank's
+    model chunks (lists of layers)."""
     fw = framework_profile(plan.framework, plan.framework_release)
     if plan.zero < 3 or span.size <= 1 or not fw.persistent_regather:
         return 0.0
     count, elements = 0, 0.0
-    for layer in layers:
+    for layer in (layer for chunk in chunks for layer in chunk):
         c, e = persistent_tensors(layer, plan, fw.persistence_threshold_params)
         count, elements = count + c, elements + e
     if not count:

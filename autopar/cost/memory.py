@@ -36,25 +36,28 @@ def fsdp_transient_bytes(stage_params: float, unit_params: float, framework: Fra
     """Unsharded weights (and gradients) alive at once: ZeRO-3/FSDP holds `bytes_per_unit_param` per
     parameter of its largest gather unit (autopar.frameworks, gathered_bytes_per_unit_param);
     torchtitan's zero 2 (reshard_after_forward=False) keeps the stage's bf16 weights twice; with
-    pp > 1 torchtitan keeps the whole stage unsharded (stage_unsharded_bytes_per_param), at zero 2
+    pp > 1 torchtitan keeps the whole stage unsharded (pipelined_held_bytes_per_param), at zero 2
     its gradients on top of the weights zero 2 holds anyway."""
-    spec = framework_spec(framework)
-    pipelined = pp > 1 and spec.pp_keeps_stage_unsharded
-    if zero == 2 and spec.zero2_keeps_weights_gathered:
-        return (2.0 + (main_grad_bytes(framework, False) if pipelined else 0.0)) * stage_params
-    if zero >= 3 and pipelined:
-        return stage_unsharded_bytes_per_param(framework) * stage_params
+    held = pipelined_held_bytes_per_param(framework, zero, pp)
+    if zero == 2 and framework_spec(framework).zero2_keeps_weights_gathered:
+        return (2.0 + held) * stage_params
+    if zero >= 3 and held:
+        return held * stage_params
     if zero >= 3:
         return bytes_per_unit_param * unit_params
     return 0.0
 
 
-def stage_unsharded_bytes_per_param(framework: Framework) -> float:
-    """Bytes per stage parameter held through a pipelined step by a framework whose ZeRO-3 keeps the
-    stage unsharded under pp > 1 (FrameworkSpec.pp_keeps_stage_unsharded; torchtitan: sources in
-    autopar.frameworks.torchtitan): the gathered 16-bit weights and the unsharded gradient
-    accumulated in the reduce dtype, 2 + 4 for torchtitan."""
-    return BF16 + main_grad_bytes(framework, False)
+def pipelined_held_bytes_per_param(framework: Framework, zero: int, pp: int) -> float:
+    """Bytes per stage parameter a framework whose sharded stage stays unsharded under pp > 1
+    (FrameworkSpec.pp_keeps_stage_unsharded; torchtitan: sources in autopar.frameworks.torchtitan)
+    holds through the step beyond what its ZeRO stage holds anyway: at ZeRO-3 the gathered 16-bit
+    weights and the unsharded gradient accumulated in the reduce dtype (2 + 4 for torchtitan), at
+    zero 2 (weights already gathered) the gradient alone; 0 otherwise. Linear in the parameters, so
+    the search's memory model adds it per parameter (autopar.search.costs.state_bytes_per_param)."""
+    if pp <= 1 or zero < 2 or not framework_spec(framework).pp_keeps_stage_unsharded:
+        return 0.0
+    return main_grad_bytes(framework, False) + (BF16 if zero >= 3 else 0.0)
 
 
 def activation_divisor(split: str, tp: int, sp: bool) -> int:

@@ -655,7 +655,7 @@ def estimate(graph: ModelGraph, cluster: Cluster, plan: ParallelPlan, p: CostPar
                          + st.m * _exposed_dp_s(sync_per_microbatch, b[-1], plan))
         dp_exposed = max(dp_exposed, fsdp.passes_per_step(plan, st.m) * fsdp.exposed_per_microbatch_s(
             memo.stage("rank_layers", rank_key, lambda q: rank_layers(chunks, costs, q), plan), plan, st.dp_span, cluster,
-            p) + fsdp.persistent_regather_s([layer for chunk in chunks for layer in chunk], plan, st.dp_span, cluster, p))
+            p) + fsdp.persistent_regather_s(chunks, plan, st.dp_span, cluster, p))
         stage_rows.append(StageEstimate(rank=r, layers=decoders,
                                         fwd_s=f[-1], bwd_s=b[-1], recompute_s=rec[-1], params=dense + expert,
                                         memory_bytes=mem, memory_breakdown_bytes=breakdown))

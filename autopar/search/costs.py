@@ -43,9 +43,9 @@ from operator import add, itemgetter, sub
 
 from autopar import caching
 from autopar.caching import cached_property
-from autopar.cost import fsdp, memory
+from autopar.cost import memory
 from autopar.cost.layer import layer_cost
-from autopar.frameworks import REGISTRY, framework_profile
+from autopar.frameworks import framework_profile
 from autopar.cost.layout import Layout
 from autopar.cost.params import CostParams, for_framework
 from autopar.cost.pipeline import pipeline_step_s
@@ -573,11 +573,7 @@ def state_bytes_per_param(layout: Layout, plan: ParallelPlan) -> tuple[float, fl
     expert = memory.model_state_bytes(1.0, plan.framework, plan.zero, layout.expert_shard, g, o)
     # A stage kept unsharded through the step (torchtitan's ZeRO-3 under pp) holds its weights and
     # gradients per parameter: exactly the estimate's memory.fsdp_transient_bytes, linear in the params.
-    held = 0.0
-    if fsdp.stage_stays_unsharded(plan):
-        held = memory.stage_unsharded_bytes_per_param(plan.framework)
-    elif plan.zero == 2 and plan.pp > 1 and REGISTRY[plan.framework].pp_keeps_stage_unsharded:
-        held = memory.main_grad_bytes(plan.framework, False)  # its unsharded gradients (memory.fsdp_transient_bytes)
+    held = memory.pipelined_held_bytes_per_param(plan.framework, plan.zero, plan.pp)
     return (memory.resident_state_bytes(dense, persistent, m) + held,
             memory.resident_state_bytes(expert, persistent, m) + held)
 
