@@ -48,6 +48,19 @@ def fsdp_transient_bytes(stage_params: float, unit_params: float, framework: Fra
     return 0.0
 
 
+def fsdp_stage_held_bytes(stage_params: float, framework: Framework, zero: int, pp: int = 1) -> float:
+    """The part of fsdp_transient_bytes that is linear in the stage's parameters (torchtitan's zero 2
+    keeping its weights gathered, a pipelined stage kept unsharded): parameter-shaped tensors
+    gathered once a step and held through it, which autopar counts with the model states (the
+    search's memory model adds them per parameter); 0 where ZeRO-3 gathers one module at a time."""
+    held = pipelined_held_bytes_per_param(framework, zero, pp)
+    if zero == 2 and framework_spec(framework).zero2_keeps_weights_gathered:
+        return (2.0 + held) * stage_params
+    if zero >= 3 and held:
+        return held * stage_params
+    return 0.0
+
+
 def pipelined_held_bytes_per_param(framework: Framework, zero: int, pp: int) -> float:
     """Bytes per stage parameter a framework whose sharded stage stays unsharded under pp > 1
     (FrameworkSpec.pp_keeps_stage_unsharded; torchtitan: sources in autopar.frameworks.torchtitan)
@@ -170,9 +183,23 @@ def inflight_chunks_interleaved(pp: int, vpp: int, rank: int, num_microbatches: 
 
 def with_overheads(allocated_bytes: float, cuda_context_bytes: float, comm_buffer_bytes: float,
                    fragmentation: float) -> float:
-    """Peak reserved memory: allocations plus allocator fragmentation, NCCL/bucket buffers and the
-    CUDA context (constants stated in the cost-model file)."""
+    """Reserved memory of allocations made and freed within each step, plus allocator
+    fragmentation, NCCL/bucket buffers and the CUDA context (constants stated in the cost-model file)."""
     return allocated_bytes * (1.0 + fragmentation) + comm_buffer_bytes + cuda_context_bytes
+
+
+def peak_reserved_bytes(state_bytes: float, cycled_bytes: float, cuda_context_bytes: float,
+                        comm_buffer_bytes: float, fragmentation: float) -> float:
+    """Peak reserved memory of a rank: its model states, allocated once before the first step and
+    held for the run, reserve exactly their bytes; only what each step allocates and frees
+    (activations, working buffers, per-module ZeRO-3 gathers) fragments the caching allocator's
+    pool. PyTorch's caching allocator splits cached blocks to serve smaller requests and returns a
+    block to the pool only when its tensor is freed (PyTorch docs, "CUDA semantics: memory
+    management"; c10/cuda/CUDACachingAllocator.cpp): a tensor that is never freed leaves no hole.
+    Megatron-Core keeps weights and gradients in contiguous buffers (distributed/param_and_grad_buffer.py),
+    Apex's DistributedFusedAdam its states in a few bucket buffers, DeepSpeed its partitions in flat
+    tensors, FSDP2 one sharded tensor per parameter: all allocated at setup."""
+    return state_bytes + with_overheads(cycled_bytes, cuda_context_bytes, comm_buffer_bytes, fragmentation)
 
 
 def main_grad_bytes(framework: Framework, grad_reduce_in_bf16: bool) -> float:

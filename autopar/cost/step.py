@@ -533,10 +533,14 @@ def rank_memory(rank: int, chunks: list[list[Layer]], graph: ModelGraph, plan: P
     if fwd_bwd >= optimizer_step:
         breakdown = {**states, "gradients": resident - states["weights"] - states["optimizer"],
                      "activations": activations + work, "fsdp_gathered": gathered}
+        # model states and a stage held gathered through the step do not fragment (memory.peak_reserved_bytes)
+        held = memory.fsdp_stage_held_bytes(dense + expert, plan.framework, plan.zero, plan.pp)
+        fixed, cycled = resident + held, activations + work + gathered - held
     else:
         breakdown = {**states, "activations": 0.0, "fsdp_gathered": 0.0}
+        fixed, cycled = optimizer_step, 0.0
     allocated = sum(breakdown.values())
-    total = memory.with_overheads(allocated, p.cuda_context_bytes, p.comm_buffer_bytes, p.fragmentation)
+    total = memory.peak_reserved_bytes(fixed, cycled, p.cuda_context_bytes, p.comm_buffer_bytes, p.fragmentation)
     breakdown["buffers_and_fragmentation"] = total - allocated
     return total, breakdown, dense, expert
 

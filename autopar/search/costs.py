@@ -458,7 +458,7 @@ class Pricer:
         states = (per_dense * dense + per_expert * expert) / plan.pp
         saved = t.saved_totals[plan.recompute.mode] / plan.pp  # full(K) saves at least full's bytes
         p = self.p
-        return memory.with_overheads(states + saved, p.cuda_context_bytes, p.comm_buffer_bytes, p.fragmentation)
+        return memory.peak_reserved_bytes(states, saved, p.cuda_context_bytes, p.comm_buffer_bytes, p.fragmentation)
 
     def _state_bytes_per_param(self, plan: ParallelPlan) -> tuple[float, float]:
         """Bytes of weights + grads + optimizer per local dense / expert parameter, sharded over the
@@ -501,8 +501,8 @@ class Pricer:
         per_dense, per_expert = self._state_bytes_per_param(plan)
         dense, expert = self.param_sums(plan)
         p = self.p
-        return memory.with_overheads((per_dense * dense + per_expert * expert) / plan.pp, p.cuda_context_bytes,
-                                     p.comm_buffer_bytes, p.fragmentation)
+        return memory.peak_reserved_bytes((per_dense * dense + per_expert * expert) / plan.pp, 0.0, p.cuda_context_bytes,
+                                          p.comm_buffer_bytes, p.fragmentation)
 
     def rank_memory_lower_bound_bytes(self, plan: ParallelPlan) -> float:
         """≤ memory_lower_bound_bytes without walking the graph: for ranks 0 and pp − 1, the model
@@ -518,12 +518,13 @@ class Pricer:
         layout = self.layout(plan)
         per_dense, per_expert = self._state_bytes_per_param(plan)
         out = 0.0
+        p = self.p
         for rank, (dense, expert, saved, work) in self._chunk_columns(t, r.mode, layout.stage_counts, plan.pp).items():
             states = pairwise_sum([per_dense * d + per_expert * e for d, e in zip(dense, expert)])
             acts = layout.inflight[rank] * saved / plan.vpp  # in-flight count (Layout.inflight) × its mean chunk
-            out = max(out, states + acts + work)
-        p = self.p
-        return memory.with_overheads(out, p.cuda_context_bytes, p.comm_buffer_bytes, p.fragmentation)
+            out = max(out, memory.peak_reserved_bytes(states, acts + work, p.cuda_context_bytes, p.comm_buffer_bytes,
+                                                      p.fragmentation))
+        return out
 
     def _chunk_columns(self, t: LayerTable, mode: str, counts: tuple[int, ...], pp: int) -> dict[int, tuple]:
         """For ranks 0 and pp − 1: the dense and the expert parameters of each of their chunks, the
@@ -585,8 +586,10 @@ class StageMemoryModel:
     inflight_r: microbatches in flight under 1F1B, model chunks in flight under interleaving (whose
     activations the cost model takes as the rank's mean chunk, Σ_L saved / vpp).
     `state_per_dense`/`state_per_expert` are the bytes of weights + grads + optimizer per local
-    parameter after ZeRO sharding; extra_r is the tied-embedding copy on the last stage.
-    `usable_bytes` inverts the overheads: a stage fits when its allocated bytes ≤ usable_bytes."""
+    parameter after ZeRO sharding, divided by (1 + fragmentation): model states do not fragment
+    (memory.peak_reserved_bytes), so with_overheads of the sum gives them back exactly; extra_r is
+    the tied-embedding copy on the last stage, scaled alike. `usable_bytes` inverts the overheads:
+    a stage fits when its allocated bytes so counted ≤ usable_bytes."""
 
     state_per_dense: float
     state_per_expert: float
@@ -600,7 +603,8 @@ def stage_memory_model(graph: ModelGraph, cluster: Cluster, plan: ParallelPlan, 
     """The linear memory model of a plan's ranks (equals `rank_memory` for ZeRO < 3, tested on every
     candidate of MoE spaces); shards, in-flight counts and the tied copy are the plan's Layout."""
     layout = Layout.of(plan, cluster, graph)
-    per_dense, per_expert = state_bytes_per_param(layout, plan)
+    unfragmented = 1.0 / (1.0 + p.fragmentation)
+    per_dense, per_expert = (unfragmented * b for b in state_bytes_per_param(layout, plan))
     cap = usable_memory_bytes(cluster.hbm_bytes, memory_margin)
     usable = (cap - p.cuda_context_bytes - p.comm_buffer_bytes) / (1.0 + p.fragmentation)
     extra = per_dense * graph.layers[0].params_tp / plan.tp if layout.tied_embedding_copy else 0.0

@@ -582,7 +582,7 @@ def min_gpus_for_memory(num_gpus: int, peak_bytes: float, capacity_bytes: float,
     """The fewest GPUs on which a plan whose peak on `num_gpus` GPUs is `peak_bytes` could fit, or
     None when even infinitely many cannot (the per-GPU fixed buffers exceed the capacity).
 
-    Peak = allocated·(1 + fragmentation) + fixed buffers (cost.memory.with_overheads); model states
+    Peak = states + cycled·(1 + fragmentation) + fixed buffers (cost.memory.peak_reserved_bytes); model states
     and activations shard at best as 1/GPU count (ZeRO over dp, tp, pp, cp), so k-fold GPUs need
     (peak − fixed)/k + fixed ≤ capacity: k ≥ (peak − fixed)/(capacity − fixed). Fewer GPUs cannot
     fit; the count is rounded up to whole nodes (or one partial node)."""
