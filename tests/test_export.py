@@ -64,6 +64,9 @@ ROUND_TRIP = {
                                           moe_dispatcher="allgather", moe_capacity_factor=1.5,
                                           overlap_param_gather=False),
     "qwen3 moe": lambda: plan_file("qwen3-30b-a3b", 32, tp=4, ep=8, etp=1, global_batch=64, seq_len=4096),
+    "mixtral padded to capacity, flash attention": lambda: plan_file(
+        "mixtral-8x7b", 64, tp=2, ep=8, global_batch=256, seq_len=4096, moe_capacity_factor=1.0,
+        moe_pad_to_capacity=True, attention_backend="flash"),
     "qwen3 moe sequential experts": lambda: plan_file("qwen3-30b-a3b", 32, tp=4, ep=8, etp=1, global_batch=64,
                                                       seq_len=4096, moe_grouped_gemm=False),
     "megatron-fsdp zero3": lambda: plan_file("llama3-70b", 256, tp=4, pp=2, global_batch=256, seq_len=8192, zero=3),

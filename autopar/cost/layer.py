@@ -103,6 +103,7 @@ class Split(NamedTuple):
     eager: bool = False  # elementwise ops run op by op (torchtitan without torch.compile): Layer.eager_bytes_*
     sequential_experts: bool = False  # Megatron SequentialMLP (no grouped GEMM): expert linears launched one by one
     fp8_casts: str = "te"  # how fp8 linears cast their operands (FP8_CAST_RECIPES)
+    moe_padded: bool = False  # experts' inputs padded to capacity: equal splits, no token-count gather
 
 
 class Spans(NamedTuple):
@@ -556,8 +557,10 @@ def moe_count_gather_s(layer: Layer, s: Split, spans: Spans, cluster: Cluster, p
     latency-bound ring (etp·ep − 1 steps) cannot hide behind compute. torchtitan 0.3 exchanges the
     counts with an all-to-all over ep and syncs on `.tolist()` (token_dispatcher.py
     `_token_count_exchange`), priced here the same way. Ignores the host round trip after the sync:
-    the all-to-all issued next is long enough for the host to get ahead again."""
-    if not layer.num_experts or s.moe_dispatcher != "alltoall" or s.ep * s.etp <= 1:
+    the all-to-all issued next is long enough for the host to get ahead again. Padded to capacity
+    (Split.moe_padded) preprocess returns before the gather: every split is the capacity, known
+    without asking the other ranks (drop_and_pad, core_r0.9.0 to core_r0.12.0)."""
+    if not layer.num_experts or s.moe_dispatcher != "alltoall" or s.ep * s.etp <= 1 or s.moe_padded:
         return 0.0
     span = _etp_ep_span(spans)
     return comm.all_gather_s(layer.num_experts * _COUNT_BYTES * span.size, span, cluster, p)
@@ -578,7 +581,9 @@ def _ep_comm(layer: Layer, s: Split, spans: Spans, cluster: Cluster, p: CostPara
       `moe_load` × the mean), then with etp > 1 an all-gather of the received copies over ETP
       before the experts and a reduce-scatter after them, both of unequal parts (the ranks
       received different counts: output_split_sizes), which torch serves as coalesced
-      broadcasts / reduces (comm.all_gather_v_s);
+      broadcasts / reduces (comm.all_gather_v_s); padded to capacity (Split.moe_padded) every
+      rank holds the same count, so they are plain all-gather / reduce-scatter (output_splits_tp
+      None);
     allgather: one all-gather of every rank's tokens (not the top-k copies) over the etp·ep group
       before the experts select theirs, and one reduce-scatter of the outputs back."""
     if not layer.num_experts:
@@ -590,7 +595,10 @@ def _ep_comm(layer: Layer, s: Split, spans: Spans, cluster: Cluster, p: CostPara
         return comm.all_gather_s(gathered, span, cluster, p) + comm.reduce_scatter_s(gathered, span, cluster, p)
     routed_bytes = local_tokens * layer.top_k * s.hidden * BF16_BYTES * s.moe_load
     t = 2.0 * comm.all_to_all_s(routed_bytes, spans.ep, cluster, p)
-    if s.etp > 1:  # the ETP ranks hold unequal token counts: list-form collectives (comm.all_gather_v_s)
+    if s.etp > 1 and s.moe_padded:  # equal counts: plain collectives
+        t += comm.all_gather_s(routed_bytes * s.etp, spans.etp, cluster, p)
+        t += comm.reduce_scatter_s(routed_bytes * s.etp, spans.etp, cluster, p)
+    elif s.etp > 1:  # the ETP ranks hold unequal token counts: list-form collectives (comm.all_gather_v_s)
         t += comm.all_gather_v_s(routed_bytes * s.etp, spans.etp, cluster, p)
         t += comm.reduce_scatter_v_s(routed_bytes * s.etp, spans.etp, cluster, p)
     return t
@@ -600,7 +608,8 @@ _NO_GROUP = comm.GroupSpan(1, 1, 1)
 
 
 def expert_blind_split(s: Split) -> Split:
-    """The split with expert parallelism reset (ep, etp, the MoE load, the dispatcher, sequential experts)."""
+    """The split with expert parallelism reset (ep, etp, the MoE load, the dispatcher, sequential experts,
+    padding to capacity)."""
     return Split(s.tp, s.sp, s.cp, 1, 1, s.tokens, s.seq_len, s.hidden, s.peak_flops, 1.0, s.cp_comm_type,
                  "alltoall", s.attn_peak_flops, s.attention_kernel, s.cp_ring, s.cp_repeats_kv_heads,
                  s.cp_comm_overlapped, s.tp_backward_overlap, s.eager, False, s.fp8_casts)  # (positional: _replace costs 3x, and a search makes ~10^3)
@@ -628,8 +637,11 @@ def sequential_experts_host_wait_s(layer: Layer, s: Split, experts_gpu_s: float,
     on the token counts, ahead of the GPU only by the dispatch it queued (`dispatch_s`: the all-to-all
     and ETP gather, half the layer's forward EP traffic, the combine after the experts being the
     same); the GPU needs `experts_gpu_s` for the experts (their GEMMs, activation, permutations).
-    The backward runs in autograd's engine behind twice the GPU work and is taken as GPU-bound."""
-    if not s.sequential_experts or not layer.num_experts:
+    The backward runs in autograd's engine behind twice the GPU work and is taken as GPU-bound.
+    Padded to capacity (Split.moe_padded) the dispatcher never synchronises (its counts are built
+    on the host, cuda_sync_point stays "no_sync"), so the host queues the experts behind the GPU's
+    earlier work and the GPU does not wait."""
+    if not s.sequential_experts or not layer.num_experts or s.moe_padded:
         return 0.0
     host_s = max(layer.num_experts // s.ep, 1) * LINEARS_PER_EXPERT * TE_LINEAR_FORWARD_HOST_S
     return max(0.0, host_s - experts_gpu_s - dispatch_s)

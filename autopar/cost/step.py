@@ -99,13 +99,24 @@ def assign_layers(graph: ModelGraph, layout: Layout) -> list[list[Layer]]:
     return stages
 
 
+# Megatron --attention-backend -> the kernel family priced (cost-model attention_kernels): flash runs the
+# flash-attn package Transformer Engine imports (2.x in the NeMo containers of 2024-25), fused cuDNN's
+# fused attention; auto leaves Transformer Engine's choice (FrameworkProfile.attention_kernel_by_arch).
+ATTENTION_BACKEND_KERNELS = {"flash": "fa2", "fused": "cudnn"}
+
+
 def moe_load(plan: ParallelPlan, routed_tokens_per_rank: float, ep: int) -> float:
     """Busiest expert rank's routed tokens over the mean. Each of the ep ranks sends its T·k token
     copies (T tokens, top-k) to the expert ranks; with balanced routing that is m = T·k·ep balls in
     ep bins, whose expected maximum is m/ep + sqrt(2·(m/ep)·ln ep) in the heavy-load regime (Raab &
     Steger 1998, "Balls into bins: a simple and tight analysis"), i.e. a load of
     1 + sqrt(2·ln(ep) / (T·k)). Capped by the capacity factor when tokens beyond it are dropped; a
-    plan's stated imbalance replaces the bound. Ignores router skew beyond random placement."""
+    plan's stated imbalance replaces the bound. Ignores router skew beyond random placement. Padded
+    to capacity (moe_pad_to_capacity), every expert receives exactly its capacity, capacity factor ×
+    the mean (Megatron-Core token_dispatcher.py MoEAlltoAllTokenDispatcher.preprocess, drop_and_pad:
+    num_tokens_per_local_expert = capacity · tp · ep, core_r0.9.0 to core_r0.12.0)."""
+    if plan.moe_pad_to_capacity and plan.moe_capacity_factor is not None:
+        return float(plan.moe_capacity_factor)
     if plan.moe_load_imbalance is not None:
         load = plan.moe_load_imbalance
     elif ep <= 1 or routed_tokens_per_rank <= 0:
@@ -170,11 +181,14 @@ def setup(graph: ModelGraph, cluster: Cluster, plan: ParallelPlan, p: CostParams
     split = Split(tp=plan.tp, sp=plan.sequence_parallel, cp=plan.cp, ep=plan.ep, etp=layout.etp,
                   tokens=tokens, seq_len=plan.seq_len, hidden=graph.spec.hidden_size,
                   peak_flops=peak, moe_load=load, cp_comm_type=plan.cp_comm_type, moe_dispatcher=plan.moe_dispatcher,
-                  attn_peak_flops=bf16_peak, attention_kernel=fw.attention_kernel(gpu_arch(cluster.gpu_name)),
+                  attn_peak_flops=bf16_peak,
+                  attention_kernel=ATTENTION_BACKEND_KERNELS.get(plan.attention_backend)
+                  or fw.attention_kernel(gpu_arch(cluster.gpu_name)),
                   cp_ring=fw.cp_ring, cp_repeats_kv_heads=fw.cp_repeats_kv_heads,
                   cp_comm_overlapped=fw.cp_comm_overlapped, tp_backward_overlap=fw.tp_backward_overlap,
                   eager=fw.elementwise == "eager" or (fw.elementwise == "compile" and plan.torch_compile is False),
-                  sequential_experts=not plan.moe_grouped_gemm, fp8_casts=fw.fp8_casts)
+                  sequential_experts=not plan.moe_grouped_gemm, fp8_casts=fw.fp8_casts,
+                  moe_padded=plan.moe_pad_to_capacity and plan.moe_capacity_factor is not None)
     return StepSetup(layout=layout, split=split)
 
 

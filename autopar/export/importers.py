@@ -366,6 +366,9 @@ def _megatron_comm_types(a: Mapping[str, Any]) -> dict[str, Any]:
                              "for every layer")
     (kind,) = types
     out["cp_comm_type"] = "allgather" if kind == "all_gather" else kind
+    if a["attention_backend"] not in ("auto", "flash", "fused"):
+        raise InputFileError(f"--attention-backend {a['attention_backend']} is not modelled; use auto, flash or fused")
+    out["attention_backend"] = a["attention_backend"]
     if a["num_experts"]:
         if a["moe_token_dispatcher_type"] not in ("alltoall", "allgather"):
             raise InputFileError(f"--moe-token-dispatcher-type {a['moe_token_dispatcher_type']} is not modelled; "
@@ -374,6 +377,8 @@ def _megatron_comm_types(a: Mapping[str, Any]) -> dict[str, Any]:
         out["moe_grouped_gemm"] = bool(a["moe_grouped_gemm"])
     if a["moe_expert_capacity_factor"] is not None:
         out["moe_capacity_factor"] = a["moe_expert_capacity_factor"]
+    if a["moe_pad_expert_input_to_capacity"]:
+        out["moe_pad_to_capacity"] = True
     return out
 
 

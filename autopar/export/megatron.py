@@ -271,6 +271,8 @@ def _moe_args(spec: ModelSpec, plan: ParallelPlan) -> list[str]:
                                                                          plan.moe_dispatcher]
     if plan.moe_capacity_factor is not None:
         args += ["--moe-expert-capacity-factor", repr(plan.moe_capacity_factor)]
+    if plan.moe_pad_to_capacity:
+        args.append("--moe-pad-expert-input-to-capacity")
     return args
 
 
@@ -341,6 +343,8 @@ def _parallel_args(pf: PlanFile, plan: ParallelPlan) -> list[str]:
             "--context-parallel-size", str(plan.cp)]
     if plan.cp > 1 or plan.cp_comm_type != "p2p":
         args += ["--cp-comm-type", CP_COMM_TYPES[plan.cp_comm_type]]
+    if plan.attention_backend != "auto":
+        args += ["--attention-backend", plan.attention_backend]
     if spec.moe is not None:
         args += ["--expert-model-parallel-size", str(plan.ep)]
         args += ["--expert-tensor-parallel-size", str(plan.etp)] if plan.etp is not None else []

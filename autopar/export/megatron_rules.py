@@ -72,6 +72,7 @@ def _table() -> dict[str, _Flag]:
         "--fp4-format": _Flag("fp4", "str"),
         "--fp4-recipe": _Flag("fp4_recipe", "str", "nvfp4"),
         "--moe-token-dispatcher-type": _Flag("moe_token_dispatcher_type", "str", "allgather"),
+        "--attention-backend": _Flag("attention_backend", "str", "auto"),
         "--moe-expert-capacity-factor": _Flag("moe_expert_capacity_factor", "float"),
         "--norm-epsilon": _Flag("layernorm_epsilon", "float", 1e-5),
         "--rotary-base": _Flag("rotary_base", "int", 10000),
@@ -121,6 +122,7 @@ def _table() -> dict[str, _Flag]:
     for flag in ("--group-query-attention", "--swiglu", "--squared-relu", "--quick-geglu",
                  "--use-rotary-position-embeddings", "--untie-embeddings-and-output-weights", "--add-qkv-bias",
                  "--qk-layernorm", "--moe-shared-expert-gate", "--moe-grouped-gemm", "--moe-router-pre-softmax",
+                 "--moe-pad-expert-input-to-capacity",
                  "--multi-latent-attention", "--sequence-parallel", "--account-for-embedding-in-pipeline-split",
                  "--account-for-loss-in-pipeline-split", "--use-distributed-optimizer", "--use-torch-fsdp2",
                  "--use-megatron-fsdp", "--recompute-activations", "--distribute-saved-activations",
@@ -611,6 +613,8 @@ def _experts(a: Mapping[str, Any]) -> list[str]:
                    "allgather, alltoall, flex")
     if a["moe_expert_capacity_factor"] is not None and a["moe_expert_capacity_factor"] <= 0:
         out.append("Megatron: the expert capacity factor must be positive; drop it for dropless routing")
+    if a["moe_pad_expert_input_to_capacity"] and a["moe_expert_capacity_factor"] is None:
+        out.append("Megatron: 'moe_expert_capacity_factor must be set to use moe_pad_expert_input_to_capacity'")
     if experts is not None and a["moe_grouped_gemm"] and not a["bf16"]:
         out.append("Megatron: 'Currently GroupedGEMM for MoE only supports bf16 dtype.'")
     if experts is not None and isinstance(a["moe_layer_freq"], list) and a["num_layers"] is not None \

@@ -90,6 +90,7 @@ class FrameworkSpec:
     max_zero_with_pp: int | None = None  # highest ZeRO stage allowed together with pp > 1
     default_torch_compile: bool | None = None  # None: not a choice of this framework (refused when set)
     grad_reduce_in_bf16_settable: bool = False
+    attention_backend_settable: bool = False  # the plan may pick the attention kernel (Megatron --attention-backend)
     sequential_experts_settable: bool = False  # moe_grouped_gemm may be turned off
     selective_label: str | None = None  # None: "selective(modules)"; else the one policy's label
     # --- memory policy

@@ -113,6 +113,10 @@ class ParallelPlan(BaseModel):
         "p2p", description="Context-parallel attention (Megatron --cp-comm-type): p2p ring with K/V exchange "
         "overlapped, a2a (Ulysses: heads scattered, needs kv heads / tp divisible by cp), allgather of K/V; "
         "when not given, and always at cp 1, the framework's default (torchtitan allgather, else p2p).")
+    attention_backend: Literal["auto", "flash", "fused"] = Field(
+        "auto", description="Megatron --attention-backend: auto = Transformer Engine's choice (FlashAttention on "
+        "Ampere, cuDNN fused attention on Hopper and Blackwell), flash = the flash-attn 2 package (what "
+        "NVTE_FUSED_ATTN=0 leaves), fused = cuDNN fused attention; other frameworks pick their own kernel.")
     moe_dispatcher: Literal["alltoall", "allgather"] = Field(
         "alltoall", description="MoE token dispatcher (Megatron --moe-token-dispatcher-type).")
     moe_load_imbalance: Real | None = Field(
@@ -121,6 +125,10 @@ class ParallelPlan(BaseModel):
     moe_capacity_factor: Real | None = Field(
         None, gt=0, description="Expert capacity factor (Megatron --moe-expert-capacity-factor); None = dropless. "
         "Tokens beyond capacity are dropped, so the busiest rank carries min(load, capacity factor).")
+    moe_pad_to_capacity: Flag = Field(
+        False, description="Pad every expert's input to its capacity (Megatron --moe-pad-expert-input-to-capacity; "
+        "needs moe_capacity_factor): each expert computes exactly capacity factor × the mean tokens, the all-to-alls "
+        "split equally and the dispatcher skips its token-count gather and host sync.")
     moe_grouped_gemm: Flag = Field(
         True, description="Run a rank's local experts as one grouped GEMM (Megatron --moe-grouped-gemm); false = "
         "Megatron's SequentialMLP, one pair of Transformer Engine linears per expert, launched from Python.")

@@ -166,10 +166,19 @@ RULES: tuple[Rule, ...] = (
          lambda c, p: not p.grad_reduce_in_bf16 or framework_spec(p.framework).grad_reduce_in_bf16_settable,
          lambda c, p: f"grad_reduce_in_bf16 is Megatron's --grad-reduce-in-bf16; {p.framework} sets its gradient "
                       "dtype itself, so turn grad_reduce_in_bf16 off"),
+    Rule("attention backend", ("attention_backend", "framework"),
+         lambda c, p: p.attention_backend == "auto" or framework_spec(p.framework).attention_backend_settable,
+         lambda c, p: f"attention_backend is Megatron's --attention-backend; {p.framework} picks its own attention "
+                      "kernel, so leave attention_backend auto"),
     Rule("sequential experts", ("moe_grouped_gemm", "framework"),
          lambda c, p: p.moe_grouped_gemm or framework_spec(p.framework).sequential_experts_settable,
          lambda c, p: f"moe_grouped_gemm is Megatron's --moe-grouped-gemm; {p.framework} always groups its experts' "
                       "GEMMs, so leave moe_grouped_gemm on"),
+    Rule("padding needs a capacity", ("moe_pad_to_capacity", "moe_capacity_factor"),
+         lambda c, p: not p.moe_pad_to_capacity or p.moe_capacity_factor is not None,
+         lambda c, p: "moe_pad_to_capacity pads each expert's input to its capacity, so it needs moe_capacity_factor "
+                      "(Megatron: 'moe_expert_capacity_factor must be set to use moe_pad_expert_input_to_capacity'); "
+                      "set a capacity factor or drop the padding"),
     Rule("moe_act needs grouped GEMM", ("moe_grouped_gemm", "recompute"),
          lambda c, p: p.moe_grouped_gemm or not (p.recompute.mode == "selective" and "moe_act" in p.recompute.modules),
          lambda c, p: "Megatron recomputes moe_act only with --moe-grouped-gemm; turn moe_grouped_gemm on or drop "

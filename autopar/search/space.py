@@ -236,8 +236,10 @@ class Draft(NamedTuple):
     grad_reduce_in_bf16 = False
     overlap_grad_reduce = ParallelPlan.model_fields["overlap_grad_reduce"].default
     moe_dispatcher = ParallelPlan.model_fields["moe_dispatcher"].default
+    attention_backend = ParallelPlan.model_fields["attention_backend"].default
     moe_load_imbalance = ParallelPlan.model_fields["moe_load_imbalance"].default
     moe_capacity_factor = ParallelPlan.model_fields["moe_capacity_factor"].default
+    moe_pad_to_capacity = ParallelPlan.model_fields["moe_pad_to_capacity"].default
     moe_grouped_gemm = True  # what autopar exports (--moe-grouped-gemm)
 
     expert_tp = _PLAN_ATTRS["expert_tp"]

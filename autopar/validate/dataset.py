@@ -196,6 +196,50 @@ def _recipe_recompute(source: str, run_id: str) -> tuple[str, ...] | None:
                  if f"_{model}_" in run_id and f"_{gpu}_" in run_id), None)
 
 
+# Runs whose recipe environment turns cuDNN fused attention off (NVTE_FUSED_ATTN=0), so Transformer Engine
+# runs the flash-attn package (ParallelPlan.attention_backend "flash"): dgxc-benchmarking grok1/configure.sh and
+# nemotron/configure.sh's 340b branch @ 143b90d, nemo_megatron/launch.sh @ 35a9aec (GPT-3 175B); NeMo @ 7a8f1cc
+# scripts/performance/llm/pretrain_nemotronh_56b.py (custom_env_vars NVTE_FUSED_ATTN "0"); every nemo-24.07 run,
+# launched by NeMo-Framework-Launcher at tag 24.07 (8325688d), whose launcher_scripts/conf/config.yaml env_vars set
+# NVTE_FUSED_ATTN: 0 ("Disable cudnn FA until we've tested it more") for every training job. The other recipes
+# set NVTE_FUSED_ATTN=1 (llama3.1, nemotron 15b) or leave it to NeMo's performance defaults, which enable both
+# (scripts/performance/utils.py), where Transformer Engine prefers cuDNN on Hopper and Blackwell.
+_FLASH_ATTENTION_RECIPES = frozenset({
+    "recipe grok1/grok1_314b.yaml @ 143b90d", "recipe nemotron/nemotron4-340b-synth.yaml @ 143b90d",
+    "recipe nemo_megatron/gpt3_175b_hydra.yaml @ 35a9aec",
+})
+_FLASH_ATTENTION_MODELS = ("nemotronh_56b",)  # dgxc-nemo25 run ids
+_FLASH_ATTENTION_SOURCES = frozenset({"nemo-24.07"})
+
+
+def _attention_backend(source: str, recipe: str | None, run_id: str) -> str:
+    """The attention backend a run's recipe environment selects (ParallelPlan.attention_backend)."""
+    if recipe in _FLASH_ATTENTION_RECIPES or source in _FLASH_ATTENTION_SOURCES:
+        return "flash"
+    if source == "dgxc-nemo25" and any(f"_{m}_" in run_id for m in _FLASH_ATTENTION_MODELS):
+        return "flash"
+    return "auto"
+
+
+# MoE runs whose recipe drops tokens beyond each expert's capacity and pads every expert's input to it,
+# capacity factor 1.0 (autopar.cost.step.moe_load, layer.moe_count_gather_s): dgxc-nemo24's
+# grok1/grok1_314b.yaml @ 143b90d sets moe_expert_capacity_factor 1.0 and moe_pad_expert_input_to_capacity
+# true; every dgxc-nemo25 MoE script adds NeMo's MegatronTokenDropCallback, whose defaults are capacity
+# factor 1.0 with padding (NeMo @ 7a8f1cc nemo/lightning/pytorch/callbacks/moe_token_drop.py):
+# scripts/performance/llm/pretrain_grok1_314b.py always, pretrain_deepseek_v3.py under USE_TOKEN_DROP = True,
+# pretrain_llama4_e128.py through recipes/llama4_e128.py pretrain_performance_optimizations.
+_TOKEN_DROP_SOURCES = frozenset({"dgxc-nemo25"})
+_TOKEN_DROP_RECIPES = frozenset({"recipe grok1/grok1_314b.yaml @ 143b90d"})
+_TOKEN_DROP_CAPACITY_FACTOR = 1.0
+
+
+def _token_drop_capacity(source: str, recipe: str | None, moe: bool) -> float | None:
+    """The capacity factor an MoE run's recipe pads its experts to, None where it runs dropless."""
+    if moe and (source in _TOKEN_DROP_SOURCES or recipe in _TOKEN_DROP_RECIPES):
+        return _TOKEN_DROP_CAPACITY_FACTOR
+    return None
+
+
 def _release(source: str, recipe: str | None) -> str | None:
     """The framework release whose profile the row ran (autopar.frameworks), None for the current one."""
     if source in _APEX_ADAM_SOURCES or recipe in _APEX_ADAM_RECIPES:
@@ -245,6 +289,8 @@ class MeasuredRun:
     compiled: bool | None = None  # torch.compile on (torchtitan rows), None where not applicable
     tp_comm_overlap: bool | None = None  # the recipe's TP communication overlap, None where left open
     recompute_modules: tuple[str, ...] | None = None  # selective recompute's modules where the recipe names them
+    moe_capacity_factor: float | None = None  # the recipe pads each expert's input to this capacity factor
+    attention_backend: str = "auto"  # the attention kernel the recipe's environment selects (ParallelPlan's)
     plan: Any = None  # a user's run (autopar.validate.user_runs): the exact ParallelPlan it ran, nothing free
     # (GPUs, global batch) of the smallest run of the same recipe table (same model, layout and settings at
     # other GPU counts), where it is not this run: its free settings ran there too, so they must fit there.
@@ -726,6 +772,8 @@ def _published_fields(row: _Row) -> dict[str, Any]:
         "compiled": _compiled(row) if source == "torchtitan-2412" else None,
         "tp_comm_overlap": _tp_comm_overlap(source, row.id),
         "recompute_modules": _recipe_recompute(source, row.id),
+        "moe_capacity_factor": _token_drop_capacity(source, row.recipe_context, bool(row.model.moe)),
+        "attention_backend": _attention_backend(source, row.recipe_context, row.id),
     }
 
 

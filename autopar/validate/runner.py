@@ -166,7 +166,10 @@ def candidate_plans(run: MeasuredRun, graph: ModelGraph) -> list[ParallelPlan]:
                             tp_comm_overlap=overlap, overlap_grad_reduce=not _local_ddp(run),
                             overlap_param_gather=not _local_ddp(run), framework=run.framework,
                             framework_release=run.framework_release, grad_reduce_in_bf16=run.grad_reduce_in_bf16,
-                            cp_comm_type=cp_comm, torch_compile=run.compiled)
+                            cp_comm_type=cp_comm, torch_compile=run.compiled,
+                            moe_capacity_factor=run.moe_capacity_factor,
+                            moe_pad_to_capacity=run.moe_capacity_factor is not None,
+                            attention_backend=run.attention_backend)
         if not _violations(plan, run, graph):
             plans.append(plan)
     return plans
