@@ -84,6 +84,10 @@ def transformer_config(a: dict):
         recompute_num_layers=a["recompute_num_layers"], recompute_modules=a["recompute_modules"],
         tp_comm_overlap=a["tp_comm_overlap"], mtp_num_layers=a["mtp_num_layers"],
         layernorm_epsilon=a["layernorm_epsilon"], window_size=a["window_size"])
+    if a["attention_backend"] != "auto":  # arguments.py parses it into the enum
+        from megatron.core.transformer.enums import AttnBackend
+
+        kw["attention_backend"] = AttnBackend[a["attention_backend"]]
     if a["context_parallel_size"] > 1:
         kw["cp_comm_type"] = a["cp_comm_type"][0]
     if a["num_experts"]:
@@ -92,6 +96,7 @@ def transformer_config(a: dict):
                    moe_shared_expert_intermediate_size=a["moe_shared_expert_intermediate_size"],
                    moe_grouped_gemm=a["moe_grouped_gemm"], moe_token_dispatcher_type=a["moe_token_dispatcher_type"],
                    moe_expert_capacity_factor=a["moe_expert_capacity_factor"],
+                   moe_pad_expert_input_to_capacity=a["moe_pad_expert_input_to_capacity"],
                    moe_router_score_function=a["moe_router_score_function"],
                    moe_router_pre_softmax=a["moe_router_pre_softmax"],
                    moe_router_enable_expert_bias=a["moe_router_enable_expert_bias"],
