@@ -97,6 +97,7 @@ def transformer_config(a: dict):
                    moe_grouped_gemm=a["moe_grouped_gemm"], moe_token_dispatcher_type=a["moe_token_dispatcher_type"],
                    moe_expert_capacity_factor=a["moe_expert_capacity_factor"],
                    moe_pad_expert_input_to_capacity=a["moe_pad_expert_input_to_capacity"],
+                   moe_shared_expert_overlap=a["moe_shared_expert_overlap"],
                    moe_router_score_function=a["moe_router_score_function"],
                    moe_router_pre_softmax=a["moe_router_pre_softmax"],
                    moe_router_enable_expert_bias=a["moe_router_enable_expert_bias"],

@@ -122,3 +122,36 @@ def test_recipes_state_their_attention_backend_and_token_drop():
     padded = {r.run_id for r in runs if r.moe_capacity_factor == 1.0}
     assert padded == {r.run_id for r in runs if r.arch.get("moe") and r.source != "megascale-moe"}
     assert any("grok1" in r for r in padded) and any("maverick" in r for r in padded)
+
+
+def test_shared_expert_overlap_hides_the_dispatch_behind_the_shared_experts():
+    """Megatron --moe-shared-expert-overlap (NeMo's DeepSeek-V3 and Llama 4 configs set it): the
+    shared expert's GEMMs run beside the dispatch and combine all-to-alls, so each direction's
+    exposed EP time drops by min(shared-expert GEMM time, EP time). Hand-worked on DeepSeek-V3's
+    MoE layer, tp2 ep32 etp1 on 2,048 H800: the forward EP cost drops by exactly the shared expert's
+    forward GEMM seconds (they are the smaller), and nothing changes with the switch off."""
+    from autopar.cost.layer import _gemm_row_s, _gemm_rows, layer_cost, shared_expert_overlap_s
+
+    graph, cluster = load_model("deepseek-v3"), load_cluster("hgx-h800", 2048)
+    _, h800 = load_cost_model("h800")
+    base = ParallelPlan(tp=2, pp=8, ep=32, etp=1, global_batch=4096, seq_len=4096)
+    layer = next(x for x in graph.layers if x.num_experts)
+    off = setup(graph, cluster, base, h800)
+    on = setup(graph, cluster, base.model_copy(update={"moe_shared_expert_overlap": True}), h800)
+    shared = [_gemm_row_s(r, on.split, cluster, h800, None) for r in _gemm_rows(layer) if r[5] == "shared_experts"]
+    assert len(shared) == 2  # fc1 (gate and up) and fc2
+    fwd, bwd = sum(t for t, _ in shared), sum(b for _, b in shared)
+    ep = _ep_comm(layer, on.split, on.spans, cluster, h800)
+    assert shared_expert_overlap_s(layer, on.split, cluster, h800, ep) == (min(fwd, ep), min(bwd, ep))
+    assert shared_expert_overlap_s(layer, off.split, cluster, h800, ep) == (0.0, 0.0)
+    c_off = layer_cost(layer, off.split, off.spans, cluster, h800, False)
+    c_on = layer_cost(layer, on.split, on.spans, cluster, h800, False)
+    assert c_off.ep_comm_fwd_s - c_on.ep_comm_fwd_s == pytest.approx(min(fwd, ep), rel=1e-12)
+    assert c_off.ep_comm_bwd_s - c_on.ep_comm_bwd_s == pytest.approx(min(bwd, ep), rel=1e-12)
+    assert c_on.fwd_compute_s == c_off.fwd_compute_s and c_on.bwd_compute_s == c_off.bwd_compute_s
+    bad = base.model_copy(update={"moe_shared_expert_overlap": True, "moe_dispatcher": "allgather"})
+    out = plan_violations(bad, num_gpus=2048, num_layers=61, num_heads=128, num_kv_heads=128, num_experts=256)
+    assert any("moe_shared_expert_overlap needs the alltoall dispatcher" in v for v in out)
+    runs = load_runs({"dgxc-nemo25"})
+    assert {r.run_id for r in runs if r.moe_shared_expert_overlap} == \
+        {r.run_id for r in runs if "_deepseek_v3_" in r.run_id or "_llama4_maverick_" in r.run_id}

@@ -120,14 +120,16 @@ def test_expert_blind_resets_only_the_expert_fields():
               "peak_flops": 9.89e14, "moe_load": 1.3, "cp_comm_type": "a2a", "moe_dispatcher": "allgather",
               "attn_peak_flops": 9.0e14, "attention_kernel": "cudnn", "cp_ring": "torch", "cp_repeats_kv_heads": True,
               "cp_comm_overlapped": False, "tp_backward_overlap": True, "eager": True, "sequential_experts": True,
-              "fp8_casts": "torchao_rowwise", "moe_padded": True}
+              "fp8_casts": "torchao_rowwise", "moe_padded": True,
+              "shared_expert_overlap": True}
     assert set(values) == set(Split._fields)  # a new field must be added here and in expert_blind
     s = Split(**values)
     assert all(getattr(s, name) != default for name, default in Split._field_defaults.items())
     span = comm.GroupSpan(8, 8, 1)
     blind, spans = expert_blind(s, Spans(span, span, span, span))
     assert type(blind) is Split and blind == s._replace(ep=1, etp=1, moe_load=1.0, moe_dispatcher="alltoall",
-                                                        sequential_experts=False, moe_padded=False)
+                                                        sequential_experts=False, moe_padded=False,
+                                                        shared_expert_overlap=False)
     assert spans == Spans(span, span, comm.GroupSpan(1, 1, 1), comm.GroupSpan(1, 1, 1))
 
 

@@ -104,6 +104,7 @@ class Split(NamedTuple):
     sequential_experts: bool = False  # Megatron SequentialMLP (no grouped GEMM): expert linears launched one by one
     fp8_casts: str = "te"  # how fp8 linears cast their operands (FP8_CAST_RECIPES)
     moe_padded: bool = False  # experts' inputs padded to capacity: equal splits, no token-count gather
+    shared_expert_overlap: bool = False  # shared experts run beside the dispatch (Megatron --moe-shared-expert-overlap)
 
 
 class Spans(NamedTuple):
@@ -225,38 +226,11 @@ def _compute(layer: Layer, s: Split, cluster: Cluster, p: CostParams,
     (a search prices the same attention GEMMs under many expert layouts)."""
     module_s: dict[str, float] = {}
     gemm_fwd = gemm_bwd = 0.0
-    operand_bytes = _gemm_operand_bytes(s)
-    hbm = cluster.hbm_bytes_per_s
-    tokens, tp, etp = s.tokens, s.tp, s.etp
-    sp_tokens = tokens / (tp if s.sp else 1)
-    # (m, n, k, count) of each GEMM on one rank: routed experts see the busiest rank's tokens over its
-    # local experts, ETP-split; replicated GEMMs see T/tp tokens under sp; row/col split k/n by tp
-    bf16_peak = s.attn_peak_flops or s.peak_flops
-    for split, gn, gk, per_token, experts, mod, fp8_ok, norm_fed in _gemm_rows(layer):
-        peak, width = (s.peak_flops, operand_bytes) if fp8_ok else (bf16_peak, float(BF16_BYTES))
-        if split == "expert_col" or split == "expert_row":
-            count = max(experts // s.ep, 1)
-            m = sp_tokens * per_token * s.moe_load * etp / count
-            n, k = (gn / etp, gk) if split == "expert_col" else (gn, gk / etp)
-        elif split == "none":
-            m, n, k, count = sp_tokens, gn, gk, 1
-        elif split == "row":
-            m, n, k, count = tokens, gn, gk / tp, 1
-        else:  # col, vocab
-            m, n, k, count = tokens, gn / tp, gk, 1
-        if gemm_memo is None:
-            t, t_bwd = gemm_pass_times_s(m, n, k, count, width, peak, hbm, p)
-        else:
-            key = (m, n, k, count, width, peak)
-            hit = gemm_memo.get(key)
-            if hit is None:
-                hit = gemm_memo[key] = gemm_pass_times_s(m, n, k, count, width, peak, hbm, p)
-            t, t_bwd = hit
-        if fp8_ok and width < BF16_BYTES:
-            t_cast, t_bwd_cast = fp8_cast_s(m, n, k, count, norm_fed, hbm, p, s.fp8_casts)
-            t, t_bwd = t + t_cast, t_bwd + t_bwd_cast
+    for row in _gemm_rows(layer):
+        t, t_bwd = _gemm_row_s(row, s, cluster, p, gemm_memo)
         gemm_fwd += t
         gemm_bwd += t_bwd
+        mod = row[5]
         if mod:
             module_s[mod] = module_s.get(mod, 0.0) + t
     if gemm_memo is None or not layer.num_experts:
@@ -283,6 +257,58 @@ def _compute(layer: Layer, s: Split, cluster: Cluster, p: CostParams,
     if layer.kind in ("dense", "moe", "mtp"):  # launch-bound floor: the GPU waits for the CPU
         fwd, bwd = max(fwd, p.layer_launch_floor_s), max(bwd, 2.0 * p.layer_launch_floor_s)
     return fwd, bwd, module_s
+
+
+def _gemm_row_s(row: tuple, s: Split, cluster: Cluster, p: CostParams, gemm_memo: dict | None) -> tuple[float, float]:
+    """(forward, backward) seconds of one of _gemm_rows's GEMMs on one rank, its fp8 casts included.
+    (m, n, k, count): routed experts see the busiest rank's tokens over its local experts,
+    ETP-split; replicated GEMMs see T/tp tokens under sp; row/col split k/n by tp."""
+    split, gn, gk, per_token, experts, _, fp8_ok, norm_fed = row
+    tokens, tp, etp = s.tokens, s.tp, s.etp
+    sp_tokens = tokens / (tp if s.sp else 1)
+    bf16_peak = s.attn_peak_flops or s.peak_flops
+    peak, width = (s.peak_flops, _gemm_operand_bytes(s)) if fp8_ok else (bf16_peak, float(BF16_BYTES))
+    if split == "expert_col" or split == "expert_row":
+        count = max(experts // s.ep, 1)
+        m = sp_tokens * per_token * s.moe_load * etp / count
+        n, k = (gn / etp, gk) if split == "expert_col" else (gn, gk / etp)
+    elif split == "none":
+        m, n, k, count = sp_tokens, gn, gk, 1
+    elif split == "row":
+        m, n, k, count = tokens, gn, gk / tp, 1
+    else:  # col, vocab
+        m, n, k, count = tokens, gn / tp, gk, 1
+    hbm = cluster.hbm_bytes_per_s
+    if gemm_memo is None:
+        t, t_bwd = gemm_pass_times_s(m, n, k, count, width, peak, hbm, p)
+    else:
+        key = (m, n, k, count, width, peak)
+        hit = gemm_memo.get(key)
+        if hit is None:
+            hit = gemm_memo[key] = gemm_pass_times_s(m, n, k, count, width, peak, hbm, p)
+        t, t_bwd = hit
+    if fp8_ok and width < BF16_BYTES:
+        t_cast, t_bwd_cast = fp8_cast_s(m, n, k, count, norm_fed, hbm, p, s.fp8_casts)
+        t, t_bwd = t + t_cast, t_bwd + t_bwd_cast
+    return t, t_bwd
+
+
+def shared_expert_overlap_s(layer: Layer, s: Split, cluster: Cluster, p: CostParams, ep_s: float,
+                            gemm_memo: dict | None = None) -> tuple[float, float]:
+    """(forward, backward) seconds of an MoE layer's expert-parallel dispatch hidden behind its shared
+    experts under Megatron's --moe-shared-expert-overlap (moe_layer.py / shared_experts.py, MCore
+    0.12+): the shared expert's fc1 runs on a side stream during the dispatch all-to-all and its fc2
+    during the combine, and the backward is ordered so their gradients overlap the backward
+    all-to-alls; each direction hides at most the shared experts' GEMM time (their TP collectives
+    and the streams' contention for SMs are not counted). 0 without shared experts or the switch."""
+    if not s.shared_expert_overlap or not layer.num_experts or ep_s <= 0:
+        return 0.0, 0.0
+    fwd = bwd = 0.0
+    for row in _gemm_rows(layer):
+        if row[5] == "shared_experts":
+            t, t_bwd = _gemm_row_s(row, s, cluster, p, gemm_memo)
+            fwd, bwd = fwd + t, bwd + t_bwd
+    return min(fwd, ep_s), min(bwd, ep_s)
 
 
 def _attention_and_elementwise_s(layer: Layer, s: Split, cluster: Cluster, p: CostParams
@@ -609,7 +635,7 @@ _NO_GROUP = comm.GroupSpan(1, 1, 1)
 
 def expert_blind_split(s: Split) -> Split:
     """The split with expert parallelism reset (ep, etp, the MoE load, the dispatcher, sequential experts,
-    padding to capacity)."""
+    padding to capacity, shared-expert overlap)."""
     return Split(s.tp, s.sp, s.cp, 1, 1, s.tokens, s.seq_len, s.hidden, s.peak_flops, 1.0, s.cp_comm_type,
                  "alltoall", s.attn_peak_flops, s.attention_kernel, s.cp_ring, s.cp_repeats_kv_heads,
                  s.cp_comm_overlapped, s.tp_backward_overlap, s.eager, False, s.fp8_casts)  # (positional: _replace costs 3x, and a search makes ~10^3)
@@ -663,7 +689,9 @@ def layer_cost(layer: Layer, s: Split, spans: Spans, cluster: Cluster, p: CostPa
     ep = _ep_comm(layer, s, spans, cluster, p)
     ep_fwd = ep + moe_count_gather_s(layer, s, spans, cluster, p)
     fwd += sequential_experts_host_wait_s(layer, s, module_s.get("moe", 0.0), ep / 2)
+    hidden_fwd, hidden_bwd = shared_expert_overlap_s(layer, s, cluster, p, ep, gemm_memo)
     return LayerCost(
         fwd_compute_s=fwd, bwd_compute_s=bwd, tp_comm_fwd_s=tp, tp_comm_bwd_s=tp_bwd, cp_comm_fwd_s=cp,
-        cp_comm_bwd_s=cp_bwd, ep_comm_fwd_s=ep_fwd, ep_comm_bwd_s=ep, module_recompute_s=tuple(sorted(module_s.items())),
+        cp_comm_bwd_s=cp_bwd, ep_comm_fwd_s=ep_fwd - hidden_fwd, ep_comm_bwd_s=ep - hidden_bwd,
+        module_recompute_s=tuple(sorted(module_s.items())),
     )

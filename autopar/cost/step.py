@@ -188,7 +188,8 @@ def setup(graph: ModelGraph, cluster: Cluster, plan: ParallelPlan, p: CostParams
                   cp_comm_overlapped=fw.cp_comm_overlapped, tp_backward_overlap=fw.tp_backward_overlap,
                   eager=fw.elementwise == "eager" or (fw.elementwise == "compile" and plan.torch_compile is False),
                   sequential_experts=not plan.moe_grouped_gemm, fp8_casts=fw.fp8_casts,
-                  moe_padded=plan.moe_pad_to_capacity and plan.moe_capacity_factor is not None)
+                  moe_padded=plan.moe_pad_to_capacity and plan.moe_capacity_factor is not None,
+                  shared_expert_overlap=plan.moe_shared_expert_overlap)
     return StepSetup(layout=layout, split=split)
 
 

@@ -379,6 +379,8 @@ def _megatron_comm_types(a: Mapping[str, Any]) -> dict[str, Any]:
         out["moe_capacity_factor"] = a["moe_expert_capacity_factor"]
     if a["moe_pad_expert_input_to_capacity"]:
         out["moe_pad_to_capacity"] = True
+    if a["moe_shared_expert_overlap"]:
+        out["moe_shared_expert_overlap"] = True
     return out
 
 

@@ -273,6 +273,8 @@ def _moe_args(spec: ModelSpec, plan: ParallelPlan) -> list[str]:
         args += ["--moe-expert-capacity-factor", repr(plan.moe_capacity_factor)]
     if plan.moe_pad_to_capacity:
         args.append("--moe-pad-expert-input-to-capacity")
+    if plan.moe_shared_expert_overlap:
+        args.append("--moe-shared-expert-overlap")
     return args
 
 

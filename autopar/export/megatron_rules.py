@@ -122,7 +122,7 @@ def _table() -> dict[str, _Flag]:
     for flag in ("--group-query-attention", "--swiglu", "--squared-relu", "--quick-geglu",
                  "--use-rotary-position-embeddings", "--untie-embeddings-and-output-weights", "--add-qkv-bias",
                  "--qk-layernorm", "--moe-shared-expert-gate", "--moe-grouped-gemm", "--moe-router-pre-softmax",
-                 "--moe-pad-expert-input-to-capacity",
+                 "--moe-pad-expert-input-to-capacity", "--moe-shared-expert-overlap",
                  "--multi-latent-attention", "--sequence-parallel", "--account-for-embedding-in-pipeline-split",
                  "--account-for-loss-in-pipeline-split", "--use-distributed-optimizer", "--use-torch-fsdp2",
                  "--use-megatron-fsdp", "--recompute-activations", "--distribute-saved-activations",

@@ -129,6 +129,10 @@ class ParallelPlan(BaseModel):
         False, description="Pad every expert's input to its capacity (Megatron --moe-pad-expert-input-to-capacity; "
         "needs moe_capacity_factor): each expert computes exactly capacity factor × the mean tokens, the all-to-alls "
         "split equally and the dispatcher skips its token-count gather and host sync.")
+    moe_shared_expert_overlap: Flag = Field(
+        False, description="Run the shared experts beside the token dispatch and combine (Megatron "
+        "--moe-shared-expert-overlap; alltoall dispatcher, not with shared_experts recompute): their GEMMs hide "
+        "that much of the all-to-alls. No effect on a model without shared experts.")
     moe_grouped_gemm: Flag = Field(
         True, description="Run a rank's local experts as one grouped GEMM (Megatron --moe-grouped-gemm); false = "
         "Megatron's SequentialMLP, one pair of Transformer Engine linears per expert, launched from Python.")

@@ -179,6 +179,14 @@ RULES: tuple[Rule, ...] = (
          lambda c, p: "moe_pad_to_capacity pads each expert's input to its capacity, so it needs moe_capacity_factor "
                       "(Megatron: 'moe_expert_capacity_factor must be set to use moe_pad_expert_input_to_capacity'); "
                       "set a capacity factor or drop the padding"),
+    Rule("shared-expert overlap needs alltoall", ("moe_shared_expert_overlap", "moe_dispatcher", "recompute"),
+         lambda c, p: not p.moe_shared_expert_overlap or (
+             p.moe_dispatcher == "alltoall"
+             and not (p.recompute.mode == "selective" and "shared_experts" in p.recompute.modules)),
+         lambda c, p: "moe_shared_expert_overlap needs the alltoall dispatcher and no shared_experts recompute "
+                      "(Megatron: 'moe_shared_expert_overlap only works with alltoall token dispatcher', "
+                      "'shared_experts recompute cannot work with --moe-shared-expert-overlap'); drop the overlap, "
+                      "or use alltoall and leave shared_experts out of the recomputed modules"),
     Rule("moe_act needs grouped GEMM", ("moe_grouped_gemm", "recompute"),
          lambda c, p: p.moe_grouped_gemm or not (p.recompute.mode == "selective" and "moe_act" in p.recompute.modules),
          lambda c, p: "Megatron recomputes moe_act only with --moe-grouped-gemm; turn moe_grouped_gemm on or drop "

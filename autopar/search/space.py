@@ -240,6 +240,7 @@ class Draft(NamedTuple):
     moe_load_imbalance = ParallelPlan.model_fields["moe_load_imbalance"].default
     moe_capacity_factor = ParallelPlan.model_fields["moe_capacity_factor"].default
     moe_pad_to_capacity = ParallelPlan.model_fields["moe_pad_to_capacity"].default
+    moe_shared_expert_overlap = ParallelPlan.model_fields["moe_shared_expert_overlap"].default
     moe_grouped_gemm = True  # what autopar exports (--moe-grouped-gemm)
 
     expert_tp = _PLAN_ATTRS["expert_tp"]

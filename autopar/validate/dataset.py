@@ -233,6 +233,16 @@ _TOKEN_DROP_RECIPES = frozenset({"recipe grok1/grok1_314b.yaml @ 143b90d"})
 _TOKEN_DROP_CAPACITY_FACTOR = 1.0
 
 
+# MoE runs whose model config overlaps the shared experts with the token dispatch
+# (moe_shared_expert_overlap = True in NeMo @ 7a8f1cc nemo/collections/llm/gpt/model/deepseek.py DeepSeekConfig
+# and llama.py Llama4Config); Grok-1 has no shared expert, and Megatron's default is off.
+_SHARED_EXPERT_OVERLAP_MODELS = ("deepseek_v3", "llama4_maverick")  # dgxc-nemo25 run ids
+
+
+def _shared_expert_overlap(source: str, run_id: str) -> bool:
+    return source == "dgxc-nemo25" and any(f"_{m}_" in run_id for m in _SHARED_EXPERT_OVERLAP_MODELS)
+
+
 def _token_drop_capacity(source: str, recipe: str | None, moe: bool) -> float | None:
     """The capacity factor an MoE run's recipe pads its experts to, None where it runs dropless."""
     if moe and (source in _TOKEN_DROP_SOURCES or recipe in _TOKEN_DROP_RECIPES):
@@ -291,6 +301,7 @@ class MeasuredRun:
     recompute_modules: tuple[str, ...] | None = None  # selective recompute's modules where the recipe names them
     moe_capacity_factor: float | None = None  # the recipe pads each expert's input to this capacity factor
     attention_backend: str = "auto"  # the attention kernel the recipe's environment selects (ParallelPlan's)
+    moe_shared_expert_overlap: bool = False  # the recipe's model config overlaps shared experts with the dispatch
     plan: Any = None  # a user's run (autopar.validate.user_runs): the exact ParallelPlan it ran, nothing free
     # (GPUs, global batch) of the smallest run of the same recipe table (same model, layout and settings at
     # other GPU counts), where it is not this run: its free settings ran there too, so they must fit there.
@@ -774,6 +785,7 @@ def _published_fields(row: _Row) -> dict[str, Any]:
         "recompute_modules": _recipe_recompute(source, row.id),
         "moe_capacity_factor": _token_drop_capacity(source, row.recipe_context, bool(row.model.moe)),
         "attention_backend": _attention_backend(source, row.recipe_context, row.id),
+        "moe_shared_expert_overlap": _shared_expert_overlap(source, row.id),
     }
 
 

@@ -169,7 +169,8 @@ def candidate_plans(run: MeasuredRun, graph: ModelGraph) -> list[ParallelPlan]:
                             cp_comm_type=cp_comm, torch_compile=run.compiled,
                             moe_capacity_factor=run.moe_capacity_factor,
                             moe_pad_to_capacity=run.moe_capacity_factor is not None,
-                            attention_backend=run.attention_backend)
+                            attention_backend=run.attention_backend,
+                            moe_shared_expert_overlap=run.moe_shared_expert_overlap)
         if not _violations(plan, run, graph):
             plans.append(plan)
     return plans
