@@ -152,6 +152,9 @@ def test_shared_expert_overlap_hides_the_dispatch_behind_the_shared_experts():
     bad = base.model_copy(update={"moe_shared_expert_overlap": True, "moe_dispatcher": "allgather"})
     out = plan_violations(bad, num_gpus=2048, num_layers=61, num_heads=128, num_kv_heads=128, num_experts=256)
     assert any("moe_shared_expert_overlap needs the alltoall dispatcher" in v for v in out)
+    titan = base.model_copy(update={"moe_shared_expert_overlap": True, "framework": "torchtitan", "zero": 3})
+    out = plan_violations(titan, num_gpus=2048, num_layers=61, num_heads=128, num_kv_heads=128, num_experts=256)
+    assert any("moe_shared_expert_overlap is Megatron's --moe-shared-expert-overlap" in v for v in out)
     runs = load_runs({"dgxc-nemo25"})
     assert {r.run_id for r in runs if r.moe_shared_expert_overlap} == \
         {r.run_id for r in runs if "_deepseek_v3_" in r.run_id or "_llama4_maverick_" in r.run_id}

@@ -51,8 +51,9 @@ def fsdp_transient_bytes(stage_params: float, unit_params: float, framework: Fra
 def fsdp_stage_held_bytes(stage_params: float, framework: Framework, zero: int, pp: int = 1) -> float:
     """The part of fsdp_transient_bytes that is linear in the stage's parameters (torchtitan's zero 2
     keeping its weights gathered, a pipelined stage kept unsharded): parameter-shaped tensors
-    gathered once a step and held through it, which autopar counts with the model states (the
-    search's memory model adds them per parameter); 0 where ZeRO-3 gathers one module at a time."""
+    gathered once a step and held through it, which autopar counts with the model states, clear of
+    fragmentation (the search's memory model adds the pipelined part per parameter and leaves the
+    rest out, a lower bound); 0 where ZeRO-3 gathers one module at a time."""
     held = pipelined_held_bytes_per_param(framework, zero, pp)
     if zero == 2 and framework_spec(framework).zero2_keeps_weights_gathered:
         return (2.0 + held) * stage_params

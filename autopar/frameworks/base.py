@@ -91,6 +91,7 @@ class FrameworkSpec:
     default_torch_compile: bool | None = None  # None: not a choice of this framework (refused when set)
     grad_reduce_in_bf16_settable: bool = False
     attention_backend_settable: bool = False  # the plan may pick the attention kernel (Megatron --attention-backend)
+    shared_expert_overlap_settable: bool = False  # shared experts may run beside the dispatch (Megatron's switch)
     sequential_experts_settable: bool = False  # moe_grouped_gemm may be turned off
     selective_label: str | None = None  # None: "selective(modules)"; else the one policy's label
     # --- memory policy

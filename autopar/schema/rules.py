@@ -179,6 +179,10 @@ RULES: tuple[Rule, ...] = (
          lambda c, p: "moe_pad_to_capacity pads each expert's input to its capacity, so it needs moe_capacity_factor "
                       "(Megatron: 'moe_expert_capacity_factor must be set to use moe_pad_expert_input_to_capacity'); "
                       "set a capacity factor or drop the padding"),
+    Rule("shared-expert overlap is Megatron's", ("moe_shared_expert_overlap", "framework"),
+         lambda c, p: not p.moe_shared_expert_overlap or framework_spec(p.framework).shared_expert_overlap_settable,
+         lambda c, p: f"moe_shared_expert_overlap is Megatron's --moe-shared-expert-overlap; {p.framework} runs its "
+                      "shared experts in line, so turn moe_shared_expert_overlap off"),
     Rule("shared-expert overlap needs alltoall", ("moe_shared_expert_overlap", "moe_dispatcher", "recompute"),
          lambda c, p: not p.moe_shared_expert_overlap or (
              p.moe_dispatcher == "alltoall"
