@@ -161,22 +161,28 @@ def test_grad_reduce_in_bf16_round_trips_through_megatron_arguments():
         assert back.grad_reduce_in_bf16 is on
 
 
+def _rank0_memory(run, p, plan=None):
+    """(peak, breakdown, dense params) of pipeline rank 0 of a measured run under `plan` (default: the
+    plan runner.predict chooses for it), and that prediction."""
+    pred = runner.predict(run, p)
+    plan = plan or pred.plan
+    cluster, graph = runner._cluster_for(run.cluster, run.num_gpus), runner._graph_for(run)
+    st = setup(graph, cluster, plan, p)
+    chunks = rank_chunks(assign_layers(graph, st.layout), st.layout)
+    total, breakdown, dense, _ = rank_memory(0, chunks[0], graph, plan, st, p)
+    return total, breakdown, dense, pred
+
+
 def test_nemotron_340b_on_128_h100_fits_with_its_recipes_bf16_gradients():
     """tp8 pp8 vpp12 dp2: 340B / 64 = 5.77e9 parameters per GPU; bf16 gradients save 2 bytes each
     (10.75 GiB) over fp32 main grads, and the run fits under the default 10 % margin."""
     run = next(r for r in load_runs({"nemo-24.07"}) if r.run_id == "nemo2407_h100_fp8_nemotron_340b_128gpu")
     assert run.grad_reduce_in_bf16
     _, h100 = load_cost_model("h100")
-    pred = runner.predict(run, h100)
+    _, b16, dense, pred = _rank0_memory(run, h100)
     assert pred.fits and pred.plan.grad_reduce_in_bf16
-    cluster = runner._cluster_for(run.cluster, run.num_gpus)
-    graph = runner._graph_for(run)
-    st = setup(graph, cluster, pred.plan, h100)
-    chunks = rank_chunks(assign_layers(graph, st.layout), st.layout)
-    _, b16, dense, _ = rank_memory(0, chunks[0], graph, pred.plan, st, h100)
     assert b16["gradients"] == pytest.approx(2.0 * dense, rel=1e-9)
-    fp32 = pred.plan.model_copy(update={"grad_reduce_in_bf16": False})
-    _, b32, _, _ = rank_memory(0, chunks[0], graph, fp32, setup(graph, cluster, fp32, h100), h100)
+    _, b32, _, _ = _rank0_memory(run, h100, pred.plan.model_copy(update={"grad_reduce_in_bf16": False}))
     assert b32["gradients"] - b16["gradients"] == pytest.approx(2.0 * dense, rel=1e-9)
 
 
@@ -192,13 +198,8 @@ def test_nemo_apex_release_keeps_ten_optimizer_bytes_per_parameter():
     run = next(r for r in load_runs({"nemo-24.07"}) if r.run_id == "nemo2407_h100_fp8_nemotron_340b_128gpu")
     assert run.framework_release == "nemo-apex"
     _, h100 = load_cost_model("h100")
-    pred = runner.predict(run, h100)
-    cluster, graph = runner._cluster_for(run.cluster, run.num_gpus), runner._graph_for(run)
-    st = setup(graph, cluster, pred.plan, h100)
-    chunks = rank_chunks(assign_layers(graph, st.layout), st.layout)
-    _, apex, dense, _ = rank_memory(0, chunks[0], graph, pred.plan, st, h100)
-    mcore = pred.plan.model_copy(update={"framework_release": None})
-    _, dist, _, _ = rank_memory(0, chunks[0], graph, mcore, setup(graph, cluster, mcore, h100), h100)
+    _, apex, dense, pred = _rank0_memory(run, h100)
+    _, dist, _, _ = _rank0_memory(run, h100, pred.plan.model_copy(update={"framework_release": None}))
     assert apex["optimizer"] == pytest.approx(5.0 * dense, rel=1e-9)
     assert dist["optimizer"] - apex["optimizer"] == pytest.approx(1.0 * dense, rel=1e-9)
 
@@ -215,11 +216,7 @@ def test_model_states_reserve_their_bytes_and_only_the_step_s_allocations_fragme
     assert mem.peak_reserved_bytes(50.0, 0.0, 1.0, 2.0, 0.05) == pytest.approx(53.0)
     run = next(r for r in load_runs({"dgxc-nemo24"}) if r.run_id == "dgxc_v2501_nemotron4_340b_bf16_h100_128gpu")
     _, h100 = load_cost_model("h100")
-    pred = runner.predict(run, h100)
-    cluster, graph = runner._cluster_for(run.cluster, run.num_gpus), runner._graph_for(run)
-    st = setup(graph, cluster, pred.plan, h100)
-    chunks = rank_chunks(assign_layers(graph, st.layout), st.layout)
-    total, b, dense, _ = rank_memory(0, chunks[0], graph, pred.plan, st, h100)
+    total, b, dense, pred = _rank0_memory(run, h100)
     assert dense == pytest.approx(5.771e9, rel=1e-3)
     states = b["weights"] + b["gradients"] + b["optimizer"]
     assert states == pytest.approx(9.0 * dense, rel=1e-9)

@@ -175,9 +175,14 @@ _APEX_ADAM_RECIPES = frozenset({
 _NO_TP_OVERLAP_MODELS = ("nemotronh_56b", "deepseek_v3")
 
 
+def _nemo25_model(source: str, run_id: str, models: tuple[str, ...]) -> bool:
+    """A dgxc-nemo25 run of one of `models` (the model names its run ids carry)."""
+    return source == "dgxc-nemo25" and any(f"_{m}_" in run_id for m in models)
+
+
 def _tp_comm_overlap(source: str, run_id: str) -> bool | None:
     """The TP communication overlap a run's recipe fixes, None where the source leaves it open."""
-    if source == "dgxc-nemo25" and any(f"_{m}_" in run_id for m in _NO_TP_OVERLAP_MODELS):
+    if _nemo25_model(source, run_id, _NO_TP_OVERLAP_MODELS):
         return False
     return None
 
@@ -216,7 +221,7 @@ def _attention_backend(source: str, recipe: str | None, run_id: str) -> str:
     """The attention backend a run's recipe environment selects (ParallelPlan.attention_backend)."""
     if recipe in _FLASH_ATTENTION_RECIPES or source in _FLASH_ATTENTION_SOURCES:
         return "flash"
-    if source == "dgxc-nemo25" and any(f"_{m}_" in run_id for m in _FLASH_ATTENTION_MODELS):
+    if _nemo25_model(source, run_id, _FLASH_ATTENTION_MODELS):
         return "flash"
     return "auto"
 
@@ -240,7 +245,7 @@ _SHARED_EXPERT_OVERLAP_MODELS = ("deepseek_v3", "llama4_maverick")  # dgxc-nemo2
 
 
 def _shared_expert_overlap(source: str, run_id: str) -> bool:
-    return source == "dgxc-nemo25" and any(f"_{m}_" in run_id for m in _SHARED_EXPERT_OVERLAP_MODELS)
+    return _nemo25_model(source, run_id, _SHARED_EXPERT_OVERLAP_MODELS)
 
 
 def _token_drop_capacity(source: str, recipe: str | None, moe: bool) -> float | None:
