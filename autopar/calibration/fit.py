@@ -9,16 +9,20 @@ best plan per run under the current parameters, fit, repeat (an alternating mini
 
 from __future__ import annotations
 
+import json
 import math
 from dataclasses import dataclass
 from datetime import date
+from functools import lru_cache
 from typing import Any, Callable, Sequence
 
 import numpy as np
 
 from autopar.cost.params import CostParams, params_from_file
 from autopar.cost.step import estimate
+from autopar.data import data_dir
 from autopar.errors import SchemaError
+from autopar.hardware import gpu_arch
 from autopar.limits import MAX_CALIBRATION_STEPS, MAX_HELD_OUT_FITS
 from autopar.schema.cost_model import CostModelFile, FitReport, GemmShape
 from autopar.schema.plan import ParallelPlan
@@ -97,13 +101,11 @@ _FAST_ACCUM_GAIN_BOUND = 2.0
 _DATASHEET_FP8_GAIN = 2.0
 
 
+@lru_cache(maxsize=1)
 def hopper_precise_fp8_gain() -> float:
     """Median fp8/bf16 rate ratio of our H200 GEMMs with every dim >= SHAPE_REFERENCE_MIN_DIM (the
     shape factor's reference, so it is fp8_speedup's own scale): torch._scaled_mm's default
     full-precision accumulation (cost_models/measured/h200_kernels.json, 2026-11-30: 1.77)."""
-    from autopar.data import data_dir
-    import json
-
     table = json.loads((data_dir("cost_models") / "measured" / "h200_kernels.json").read_text())
     bf16 = {(g["m"], g["n"], g["k"]): g["tflops"] for g in table["gemm"]}
     fp8 = {(g["m"], g["n"], g["k"]): g["tflops"] for g in table["fp8_gemm"]}
@@ -116,8 +118,6 @@ def fp8_gain_max(gpus: Sequence[str]) -> float:
     harmonic mean of the fast-accumulation forward at the datasheet ratio and the two backward GEMMs
     at our measured full-precision gain (1.84); elsewhere the datasheet's 2x (no fp8 GEMM of ours
     measured; Blackwell has no fast-accumulation mode, TE #2748)."""
-    from autopar.hardware import gpu_arch
-
     if gpus and all(gpu_arch(g) == "hopper" for g in gpus):
         return 3.0 / (1.0 / _FAST_ACCUM_GAIN_BOUND + 2.0 / hopper_precise_fp8_gain())
     return _DATASHEET_FP8_GAIN
