@@ -97,20 +97,16 @@ def _bounds(name: str, base: CostModelFile | None = None) -> tuple[float, float]
 # False, _2X_ACC_DGRAD / _2X_ACC_WGRAD True, at v2.2; torchao float8 config: use_fast_accum in the
 # forward only). One linear's three equal-FLOP GEMMs then gain over bf16 at most the harmonic mean of
 # the forward's bound, the datasheet's dense fp8/bf16 peak ratio, and the backward's measured gain.
-_FAST_ACCUM_GAIN_BOUND = 2.0
 _DATASHEET_FP8_GAIN = 2.0
 
 
 @lru_cache(maxsize=1)
 def hopper_precise_fp8_gain() -> float:
-    """Median fp8/bf16 rate ratio of our H200 GEMMs with every dim >= SHAPE_REFERENCE_MIN_DIM (the
-    shape factor's reference, so it is fp8_speedup's own scale): torch._scaled_mm's default
-    full-precision accumulation (cost_models/measured/h200_kernels.json, 2026-11-30: 1.77)."""
+    """fp8 over bf16 reference rate of our H200 GEMMs (reference_gemm_tflops: the shape factor's
+    reference, so fp8_speedup's own scale), torch._scaled_mm's default full-precision accumulation
+    (cost_models/measured/h200_kernels.json, 2026-11-30: 1.77)."""
     table = json.loads((data_dir("cost_models") / "measured" / "h200_kernels.json").read_text())
-    bf16 = {(g["m"], g["n"], g["k"]): g["tflops"] for g in table["gemm"]}
-    fp8 = {(g["m"], g["n"], g["k"]): g["tflops"] for g in table["fp8_gemm"]}
-    large = [s for s in bf16 if s in fp8 and min(s) >= SHAPE_REFERENCE_MIN_DIM]
-    return float(np.median([fp8[s] for s in large]) / np.median([bf16[s] for s in large]))
+    return reference_gemm_tflops(table["fp8_gemm"]) / reference_gemm_tflops(table["gemm"])
 
 
 def fp8_gain_max(gpus: Sequence[str]) -> float:
@@ -119,7 +115,7 @@ def fp8_gain_max(gpus: Sequence[str]) -> float:
     at our measured full-precision gain (1.84); elsewhere the datasheet's 2x (no fp8 GEMM of ours
     measured; Blackwell has no fast-accumulation mode, TE #2748)."""
     if gpus and all(gpu_arch(g) == "hopper" for g in gpus):
-        return 3.0 / (1.0 / _FAST_ACCUM_GAIN_BOUND + 2.0 / hopper_precise_fp8_gain())
+        return 3.0 / (1.0 / _DATASHEET_FP8_GAIN + 2.0 / hopper_precise_fp8_gain())
     return _DATASHEET_FP8_GAIN
 
 
@@ -432,13 +428,18 @@ def relative_gemm_efficiency(points: Sequence[dict[str, float]],
                              peak_tflops: float) -> list[tuple[int, int, int, float]]:
     """(m, n, k, relative efficiency) of measured GEMMs ({m, n, k, tflops}): each shape's efficiency
     over the median efficiency of the shapes with every dim at least SHAPE_REFERENCE_MIN_DIM."""
-    eff = [(int(g["m"]), int(g["n"]), int(g["k"]), g["tflops"] / peak_tflops) for g in points]
-    large = sorted(e for m, n, k, e in eff if min(m, n, k) >= SHAPE_REFERENCE_MIN_DIM)
+    reference = reference_gemm_tflops(points) / peak_tflops
+    return [(int(g["m"]), int(g["n"]), int(g["k"]), g["tflops"] / peak_tflops / reference) for g in points]
+
+
+def reference_gemm_tflops(points: Sequence[dict[str, float]]) -> float:
+    """Median TFLOP/s of the measured GEMMs ({m, n, k, tflops}) with every dim at least
+    SHAPE_REFERENCE_MIN_DIM: the shape factor's reference."""
+    large = sorted(g["tflops"] for g in points if min(g["m"], g["n"], g["k"]) >= SHAPE_REFERENCE_MIN_DIM)
     if not large:
         raise ValueError(f"no measured GEMM with every dim >= {SHAPE_REFERENCE_MIN_DIM} to normalise by")
     mid = len(large) // 2
-    reference = large[mid] if len(large) % 2 else (large[mid - 1] + large[mid]) / 2
-    return [(m, n, k, e / reference) for m, n, k, e in eff]
+    return large[mid] if len(large) % 2 else (large[mid - 1] + large[mid]) / 2
 
 
 def fit_gemm_shape(points: Sequence[dict[str, float]], peak_tflops: float) -> GemmShape:
