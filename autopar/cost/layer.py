@@ -105,6 +105,8 @@ class Split(NamedTuple):
     fp8_casts: str = "te"  # how fp8 linears cast their operands (FP8_CAST_RECIPES)
     moe_padded: bool = False  # experts' inputs padded to capacity: equal splits, no token-count gather
     shared_expert_overlap: bool = False  # shared experts run beside the dispatch (Megatron --moe-shared-expert-overlap)
+    loss_fwd_bytes: float = 10.0  # HBM bytes per logit of the loss, forward (FrameworkProfile.loss_bytes_per_logit)
+    loss_bwd_bytes: float = 20.0  # and backward
 
 
 class Spans(NamedTuple):
@@ -252,8 +254,9 @@ def _compute(layer: Layer, s: Split, cluster: Cluster, p: CostParams,
     permute = moe_permute_s(layer, s, cluster, p) + moe_sort_chunks_s(layer, s, cluster, p)
     module_s["moe"] = module_s.get("moe", 0.0) + permute if layer.num_experts else module_s.get("moe", 0.0)
     scan_fwd, scan_bwd = recurrent_scan_s(layer, s, p, cluster.hbm_bytes_per_s)
-    fwd = gemm_fwd + attn_fwd + scores_s + ew_fwd + permute + scan_fwd
-    bwd = gemm_bwd + attn_bwd + 2.0 * (ew_fwd + scores_s) + permute + scan_bwd
+    loss_fwd, loss_bwd = loss_s(layer, s, cluster, p)
+    fwd = gemm_fwd + attn_fwd + scores_s + ew_fwd + permute + scan_fwd + loss_fwd
+    bwd = gemm_bwd + attn_bwd + 2.0 * (ew_fwd + scores_s) + permute + scan_bwd + loss_bwd
     if layer.kind in ("dense", "moe", "mtp"):  # launch-bound floor: the GPU waits for the CPU
         fwd, bwd = max(fwd, p.layer_launch_floor_s), max(bwd, 2.0 * p.layer_launch_floor_s)
     return fwd, bwd, module_s
@@ -338,6 +341,17 @@ def _attention_and_elementwise_s(layer: Layer, s: Split, cluster: Cluster, p: Co
     norm_s = ew_fwd * _NORM_SHARE_OF_SP_BYTES * ew_bytes_sp / max(ew_bytes_sp + ew_bytes_tp, 1.0)
     act_s = ew_fwd * ew_bytes_tp / max(ew_bytes_sp + ew_bytes_tp, 1.0)
     return attn_fwd, attn_bwd, scores_s, ew_fwd, norm_s, act_s
+
+
+def loss_s(layer: Layer, s: Split, cluster: Cluster, p: CostParams) -> tuple[float, float]:
+    """(forward, backward) seconds of the loss over one rank's logits (tokens × vocabulary / tp): each
+    logit moves the framework's loss bytes (FrameworkProfile.loss_bytes_per_logit: the fp32 cast,
+    softmax passes and gradient as its code runs them) at the achieved HBM bandwidth."""
+    if not layer.loss_logits_per_token_tp:
+        return 0.0, 0.0
+    logits = layer.loss_logits_per_token_tp * s.tokens / s.tp
+    return (memory_bound_time_s(logits * s.loss_fwd_bytes, cluster.hbm_bytes_per_s, p),
+            memory_bound_time_s(logits * s.loss_bwd_bytes, cluster.hbm_bytes_per_s, p))
 
 
 def recurrent_scan_s(layer: Layer, s: Split, p: CostParams, hbm_bytes_per_s: float = 0.0) -> tuple[float, float]:
@@ -638,7 +652,8 @@ def expert_blind_split(s: Split) -> Split:
     padding to capacity, shared-expert overlap)."""
     return Split(s.tp, s.sp, s.cp, 1, 1, s.tokens, s.seq_len, s.hidden, s.peak_flops, 1.0, s.cp_comm_type,
                  "alltoall", s.attn_peak_flops, s.attention_kernel, s.cp_ring, s.cp_repeats_kv_heads,
-                 s.cp_comm_overlapped, s.tp_backward_overlap, s.eager, False, s.fp8_casts)  # (positional: _replace costs 3x, and a search makes ~10^3)
+                 s.cp_comm_overlapped, s.tp_backward_overlap, s.eager, False, s.fp8_casts, False, False,
+                 s.loss_fwd_bytes, s.loss_bwd_bytes)  # (positional: _replace costs 3x, and a search makes ~10^3)
 
 
 def expert_blind(s: Split, spans: Spans) -> tuple[Split, Spans]:

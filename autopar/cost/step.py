@@ -178,6 +178,8 @@ def setup(graph: ModelGraph, cluster: Cluster, plan: ParallelPlan, p: CostParams
         routed = tokens / (plan.tp if plan.sequence_parallel else 1) * graph.spec.moe.top_k
         load = moe_load(plan, routed, plan.ep)
     fw = framework_profile(plan.framework, plan.framework_release)
+    eager = fw.elementwise == "eager" or (fw.elementwise == "compile" and plan.torch_compile is False)
+    loss_fwd, loss_bwd = fw.loss_bytes(unfused=eager or plan.cross_entropy_fusion is False)
     split = Split(tp=plan.tp, sp=plan.sequence_parallel, cp=plan.cp, ep=plan.ep, etp=layout.etp,
                   tokens=tokens, seq_len=plan.seq_len, hidden=graph.spec.hidden_size,
                   peak_flops=peak, moe_load=load, cp_comm_type=plan.cp_comm_type, moe_dispatcher=plan.moe_dispatcher,
@@ -186,10 +188,10 @@ def setup(graph: ModelGraph, cluster: Cluster, plan: ParallelPlan, p: CostParams
                   or fw.attention_kernel(gpu_arch(cluster.gpu_name)),
                   cp_ring=fw.cp_ring, cp_repeats_kv_heads=fw.cp_repeats_kv_heads,
                   cp_comm_overlapped=fw.cp_comm_overlapped, tp_backward_overlap=fw.tp_backward_overlap,
-                  eager=fw.elementwise == "eager" or (fw.elementwise == "compile" and plan.torch_compile is False),
+                  eager=eager,
                   sequential_experts=not plan.moe_grouped_gemm, fp8_casts=fw.fp8_casts,
                   moe_padded=plan.moe_pad_to_capacity and plan.moe_capacity_factor is not None,
-                  shared_expert_overlap=plan.moe_shared_expert_overlap)
+                  shared_expert_overlap=plan.moe_shared_expert_overlap, loss_fwd_bytes=loss_fwd, loss_bwd_bytes=loss_bwd)
     return StepSetup(layout=layout, split=split)
 
 

@@ -208,7 +208,7 @@ def plan_from_megatron_args(args: str | Path | list[str], num_gpus: int | None =
         "zero": _megatron_zero(a), "precision": _megatron_precision(a),
         "overlap_grad_reduce": a["overlap_grad_reduce"], "overlap_param_gather": a["overlap_param_gather"],
         "tp_comm_overlap": a["tp_comm_overlap"], "recompute": _megatron_recompute(a),
-        "grad_reduce_in_bf16": a["grad_reduce_in_bf16"],
+        "grad_reduce_in_bf16": a["grad_reduce_in_bf16"], "cross_entropy_fusion": a["cross_entropy_loss_fusion"],
     }
     fields["etp"] = a["expert_tensor_parallel_size"]
     fields |= _megatron_comm_types(a)
@@ -287,7 +287,7 @@ _NO_COST_FLAGS = frozenset({
     "--auto-detect-ckpt-format", "--dist-ckpt-format", "--no-create-attention-mask-in-dataloader",
     "--exit-duration-in-mins", "--exit-interval", "--exit-signal-handler", "--timing-log-level",
     "--timing-log-option", "--bias-gelu-fusion", "--no-bias-gelu-fusion", "--no-bias-swiglu-fusion",
-    "--no-bias-dropout-fusion", "--cross-entropy-loss-fusion", "--cross-entropy-fusion-impl"})
+    "--no-bias-dropout-fusion", "--cross-entropy-fusion-impl"})
 _NO_COST_PREFIXES = ("--data-", "--train-data", "--valid-data", "--test-data", "--tokenizer-", "--save", "--load",
                      "--log-", "--eval-", "--lr-", "--adam-", "--wandb-", "--tensorboard", "--ckpt-", "--fp8-amax-",
                      "--no-save-", "--no-load-", "--rerun-", "--check-", "--one-logger", "--no-one-logger",

@@ -406,6 +406,8 @@ def _step_args(plan: ParallelPlan) -> list[str]:
         args.append("--overlap-param-gather")
     if plan.grad_reduce_in_bf16:
         args.append("--grad-reduce-in-bf16")
+    if plan.cross_entropy_fusion is not False:
+        args.append("--cross-entropy-loss-fusion")
     if plan.tp_comm_overlap:
         args.append("--tp-comm-overlap")
     return args

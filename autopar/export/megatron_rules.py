@@ -127,7 +127,7 @@ def _table() -> dict[str, _Flag]:
                  "--account-for-loss-in-pipeline-split", "--use-distributed-optimizer", "--use-torch-fsdp2",
                  "--use-megatron-fsdp", "--recompute-activations", "--distribute-saved-activations",
                  "--overlap-grad-reduce", "--overlap-param-gather", "--tp-comm-overlap", "--bf16", "--fp16",
-                 "--grad-reduce-in-bf16",
+                 "--grad-reduce-in-bf16", "--cross-entropy-loss-fusion",
                  "--use-legacy-models", "--use-rope-scaling", "--moe-router-enable-expert-bias",
                  "--is-hybrid-model", "--attention-output-gate"):
         out[flag] = _Flag(flag[2:].replace("-", "_"), "true", False)

@@ -61,9 +61,22 @@ class FrameworkProfile:
     fp8_casts: str = "te"  # how fp8 linears cast their operands (autopar.cost.layer.FP8_CAST_RECIPES)
     pipeline_scatter_gather: bool = False  # pp sends split over tp without sp, all-gathered on receipt
     optimizer_bytes_per_param: float | None = None  # replaces FrameworkSpec.state_bytes_per_param's optimizer bytes
+    # HBM bytes per logit (forward, backward) of the loss over a rank's vocabulary shard: the cast to fp32, the
+    # softmax passes and the gradient, as the framework's loss code runs them (autopar.cost.layer.loss_s);
+    # `unfused_loss_bytes_per_logit` is what a plan running it unfused moves (Megatron cross_entropy_fusion
+    # off, an eager torchtitan plan; None: no such choice)
+    loss_bytes_per_logit: tuple[float, float] = (10.0, 20.0)
+    unfused_loss_bytes_per_logit: tuple[float, float] | None = None
 
     def attention_kernel(self, arch: str) -> str:
         return dict(self.attention_kernel_by_arch).get(arch, "fa2")
+
+    def loss_bytes(self, unfused: bool) -> tuple[float, float]:
+        """(forward, backward) HBM bytes per logit of the loss a plan runs: this profile's, or its unfused
+        one where the plan runs the loss unfused (Megatron cross_entropy_fusion off, torchtitan eager)."""
+        if unfused and self.unfused_loss_bytes_per_logit is not None:
+            return self.unfused_loss_bytes_per_logit
+        return self.loss_bytes_per_logit
 
 
 @dataclass(frozen=True, slots=True)
@@ -89,6 +102,7 @@ class FrameworkSpec:
     even_layer_split: bool = False  # pipeline stages must hold equal layer counts
     max_zero_with_pp: int | None = None  # highest ZeRO stage allowed together with pp > 1
     default_torch_compile: bool | None = None  # None: not a choice of this framework (refused when set)
+    default_cross_entropy_fusion: bool | None = None  # None: not a choice (Megatron's --cross-entropy-loss-fusion)
     grad_reduce_in_bf16_settable: bool = False
     attention_backend_settable: bool = False  # the plan may pick the attention kernel (Megatron --attention-backend)
     shared_expert_overlap_settable: bool = False  # shared experts may run beside the dispatch (Megatron's switch)

@@ -15,7 +15,10 @@ Cost profile, per field (sources):
   engine itself recomputes whole layers only.
 - loss: the exported model's loss (transformers loss_utils.ForCausalLMLoss: logits.float(), then
   cross_entropy) keeps its log-softmax output and allocates an fp32 gradient of the logits at the
-  start of backward, and its output keeps the bf16 logits.
+  start of backward, and its output keeps the bf16 logits; it runs eager, moving the bytes per logit
+  of torchtitan's eager loss (autopar.frameworks.torchtitan.EAGER_LOSS_BYTES). Megatron-DeepSpeed's GPT
+  runs Megatron's unfused vocab-parallel cross-entropy (autopar.frameworks.megatron.UNFUSED_LOSS_BYTES;
+  megatron/core/tensor_parallel/cross_entropy.py of microsoft/Megatron-DeepSpeed: the same passes).
 - gradients: fp16/bf16 gradient partitions, resident.
 - parameter gathers: ZeRO-3 gathers per module (each nn.Linear / LayerNorm's parameters when its
   forward pre-hook fires; Rajbhandari et al. 2020 §5), so a full-recompute backward runs the
@@ -62,22 +65,27 @@ from __future__ import annotations
 from dataclasses import replace
 
 from autopar.frameworks.base import FrameworkProfile, FrameworkSpec
+from autopar.frameworks.megatron import UNFUSED_LOSS_BYTES
+from autopar.frameworks.torchtitan import EAGER_LOSS_BYTES
 
 PROFILE = FrameworkProfile(
     name="deepspeed", version="DeepSpeed 0.3-0.19 (measured runs: Megatron-DeepSpeed; export: Hugging Face models)",
     attention_kernel_by_arch=(("ampere", "fa2"), ("hopper", "fa2"), ("blackwell", "fa2")),
     selective_policy="kept", fused_cross_entropy=False, persistent_gradients=True,
     fp8_one_byte_saved_inputs=False, gather_unit="module", gathers_under_full_recompute=3, prefetch_depth=1,
-    prefetch_max_params=5e7, persistence_threshold_params=1e5, elementwise="eager")
+    prefetch_max_params=5e7, persistence_threshold_params=1e5, elementwise="eager",
+    loss_bytes_per_logit=EAGER_LOSS_BYTES)
 
 # Megatron-DeepSpeed's GPT recomputes selectively as Megatron does (its --recompute-granularity selective).
 MEGATRON_DEEPSPEED = replace(PROFILE, version="DeepSpeed 0.9+ running Megatron-DeepSpeed's GPT",
-                             selective_policy="modules", fused_cross_entropy=True, elementwise="fused", pipeline_scatter_gather=True)
+                             selective_policy="modules", fused_cross_entropy=True, elementwise="fused", pipeline_scatter_gather=True,
+                             loss_bytes_per_logit=UNFUSED_LOSS_BYTES)
 
 V0_3 = replace(PROFILE, version="DeepSpeed 0.3.13-0.5.5 (2021) on PyTorch <= 1.8, Megatron-DeepSpeed",
                selective_policy="modules", synchronous_gathers=True, per_rank_copies=True, persistent_regather=True,
                gathered_bytes_per_unit_param=6.0,
-               elementwise="fused", fused_cross_entropy=True, pipeline_scatter_gather=True)
+               elementwise="fused", fused_cross_entropy=True, pipeline_scatter_gather=True,
+               loss_bytes_per_logit=UNFUSED_LOSS_BYTES)
 
 
 def plan_refusals(model_spec, gpus: int, plan) -> list[str]:

@@ -12,7 +12,9 @@ Cost profile, per field (sources):
   "Attention backends"). `autopar profile` measurements override every family.
 - selective recompute: --recompute-granularity selective drops the tensors of the listed modules
   (Korthikanti et al. 2022 §5).
-- loss: the vocab-parallel cross-entropy works in place on the fp32 logits.
+- loss: the vocab-parallel cross-entropy works in place on the fp32 logits. Its HBM traffic per logit
+  is counted from the code (UNFUSED_LOSS_BYTES / FUSED_LOSS_BYTES below); autopar's export passes
+  --cross-entropy-loss-fusion (the plan's cross_entropy_fusion, on unless turned off).
 - gradients: an fp32 main-grad buffer (--accumulate-allreduce-grads-in-fp32), resident; bytes per
   parameter of (weights, gradients, optimizer) 2 + 4 + 12 = 18 (Megatron-LM docs,
   distrib_optimizer.md); with --grad-reduce-in-bf16 (mcore DistributedDataParallelConfig
@@ -58,15 +60,30 @@ from dataclasses import replace
 
 from autopar.frameworks.base import FrameworkProfile, FrameworkSpec
 
+# The vocab-parallel cross-entropy's HBM bytes per logit (forward, backward), op by op from the code.
+# Unfused (megatron/core/tensor_parallel/cross_entropy.py at core_r0.8.0, Megatron-LM's loss without
+# --cross-entropy-loss-fusion; the same ops in megatron/mpu/cross_entropy.py of 2021 and in
+# Megatron-DeepSpeed's copy): forward casts the bf16 logits to fp32 (2 + 4), reads them for the max (4),
+# subtracts it (4 + 4), exponentiates (4 + 4), reads them for the sum (4) and divides by it in place
+# (4 + 4): 38; backward scales the saved softmax by the loss gradient in place (4 + 4) and the cast's
+# backward writes the gradient in bf16 (4 + 2): 14.
+# Fused (--cross-entropy-loss-fusion: megatron/core/fusions/fused_cross_entropy.py, each step a
+# jit_fuser = torch.compile kernel): cast and max in one (2 + 4), subtract-exp-sum in one (4 + 4), the
+# division (4 + 4): 22; backward one kernel updating the saved softmax and writing the bf16 gradient
+# (4 + 4 + 2): 10.
+UNFUSED_LOSS_BYTES = (38.0, 14.0)
+FUSED_LOSS_BYTES = (22.0, 10.0)
+
 PROFILE = FrameworkProfile(
     name="megatron", version="Megatron-Core 0.8-0.16 with Transformer Engine 1.x",
     attention_kernel_by_arch=(("ampere", "fa2"), ("hopper", "cudnn"), ("blackwell", "cudnn")),
     selective_policy="modules", fused_cross_entropy=True, persistent_gradients=True,
     fp8_one_byte_saved_inputs=True, gather_unit="block", gathers_under_full_recompute=2, prefetch_depth=1,
-    tp_backward_overlap=True)
+    tp_backward_overlap=True, loss_bytes_per_logit=FUSED_LOSS_BYTES, unfused_loss_bytes_per_logit=UNFUSED_LOSS_BYTES)
 
+# No fused cross-entropy yet (it came with Megatron-Core): the unfused loss whatever the plan says.
 PRE_CORE = replace(PROFILE, version="Megatron-LM of 2021-22, before Megatron-Core's pipeline (March 2023)",
-                   pipeline_scatter_gather=True)
+                   pipeline_scatter_gather=True, loss_bytes_per_logit=UNFUSED_LOSS_BYTES)
 
 NEMO_APEX = replace(PROFILE, version="NeMo 1.x with Apex DistributedFusedAdam (store_param_remainders)",
                     optimizer_bytes_per_param=10.0)
@@ -99,7 +116,7 @@ SPEC = FrameworkSpec(
     searched_zero_stages=(0, 1, 2),
     cp_comm_types=("p2p", "a2a", "allgather"), default_cp_comm_type="p2p",
     grad_reduce_in_bf16_settable=True, sequential_experts_settable=True, attention_backend_settable=True,
-    shared_expert_overlap_settable=True,
+    shared_expert_overlap_settable=True, default_cross_entropy_fusion=True,
     state_bytes_per_param=(2.0, 4.0, 12.0), tied_embedding_copy_with_pp=True,
     checkpoint_bytes_per_param=14.0, async_checkpoint=True,
     profile=PROFILE, releases=(("pre-core", PRE_CORE), ("nemo-apex", NEMO_APEX)), plan_refusals=plan_refusals,

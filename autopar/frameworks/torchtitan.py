@@ -15,7 +15,11 @@ Cost profile, per field (sources):
   every second matmul output and recomputes the rest; whatever modules a plan lists, it is this
   policy, labelled selective(op).
 - loss: torch.nn.functional.cross_entropy on the fp32-cast logits keeps its log-softmax output and
-  allocates an fp32 gradient of the logits at the start of backward.
+  allocates an fp32 gradient of the logits at the start of backward. Compiled with the model
+  (--compile.components model,loss, as autopar exports it) its HBM traffic is priced at a fused
+  minimum (read the bf16 logits, write and re-read the fp32 softmax: 10 + 20 bytes per logit, not
+  read from Inductor's kernels); eager (torch_compile false, and release 2024-12) it moves
+  EAGER_LOSS_BYTES.
 - gradients: FSDP2 frees sharded gradients at zero_grad (set_to_none), so no gradient is resident
   at the forward/backward peak of the first microbatch. Bytes per parameter: fp32 sharded weights 4
   + fp32 grads 4 + moments 8 = 16, all sharded over the FSDP group at zero 2 and 3; zero 2
@@ -68,16 +72,27 @@ from dataclasses import dataclass, replace
 
 from autopar.frameworks.base import FrameworkProfile, FrameworkSpec
 
+# Eager torch.nn.functional.cross_entropy(pred.float(), labels), HBM bytes per logit (forward, backward):
+# the cast (2 + 4); log_softmax over a vocabulary row too long for one block's shared memory
+# (aten/src/ATen/native/cuda/SoftMax.cu cunn_SoftMaxForward: a max pass, a sum-of-exp pass, then the
+# output pass: 4 + 4 + 4 + 4): 22; backward: nll_loss_backward writes a zero fp32 gradient (4),
+# log_softmax_backward (cunn_SoftMaxBackward) sums the gradient (4) and writes the input gradient from it
+# and the saved output (4 + 4 + 4), the cast's backward writes bf16 (4 + 2): 26.
+EAGER_LOSS_BYTES = (22.0, 26.0)
+
 PROFILE = FrameworkProfile(
     name="torchtitan", version="torchtitan 0.3 with torchao 0.18 on PyTorch 2.9+",
     attention_kernel_by_arch=(("ampere", "fa2"), ("hopper", "fa2"), ("blackwell", "fa2")),
     selective_policy="op_sac", fused_cross_entropy=False, persistent_gradients=False,
     fp8_one_byte_saved_inputs=False, gather_unit="block", gathers_under_full_recompute=2, prefetch_depth=1,
     cp_ring="torch", cp_repeats_kv_heads=True, cp_comm_overlapped=False, elementwise="compile",
-    fp8_casts="torchao_rowwise")
+    fp8_casts="torchao_rowwise", unfused_loss_bytes_per_logit=EAGER_LOSS_BYTES)
 
+
+# torchtitan 9dec370 leaves the loss out of torch.compile (train.py: "compiling loss function causes CUDA
+# errors, turning off for now"), so it runs eager.
 DEC_2024 = replace(PROFILE, version="torchtitan 9dec370 (Dec 2024) with torchao eab345c on PyTorch 2.6 nightly",
-                   fp8_casts="torchao_tensorwise")
+                   fp8_casts="torchao_tensorwise", loss_bytes_per_logit=EAGER_LOSS_BYTES)
 
 
 # A model's shape as torchtitan's registry fixes it: these fields of autopar.schema.model.ModelSpec

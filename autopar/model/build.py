@@ -327,7 +327,7 @@ def _head_layer(spec: ModelSpec, index: int) -> Layer:
         other_params_tp=0, other_params_replicated=_norm_params(spec, h),
         activations=tuple(_head_acts(spec)),
         elementwise_flops_per_token=float(NORM_FLOPS_PER_ELEMENT * h + SOFTMAX_FLOPS_PER_ELEMENT * v),
-        elementwise_bytes_per_token_tp=float((B2 + 2 * B4) * v),  # read logits, write+read fp32 softmax
+        loss_logits_per_token_tp=float(v),  # the loss's traffic is the framework's (FrameworkProfile.loss_bytes_per_logit)
         elementwise_bytes_per_token_sp=float(2 * B2 * h), eager_bytes_per_token_sp=float(_eager_norm_bytes(spec, h)),
     )
 
@@ -344,7 +344,7 @@ def _mtp_layer(spec: ModelSpec, index: int, depth: int) -> Layer:
         other_params_replicated=inner.other_params_replicated + 3 * _norm_params(spec, h),
         activations=acts, attn_flops_per_token_per_seq=inner.attn_flops_per_token_per_seq,
         elementwise_flops_per_token=inner.elementwise_flops_per_token + SOFTMAX_FLOPS_PER_ELEMENT * spec.vocab_size,
-        elementwise_bytes_per_token_tp=inner.elementwise_bytes_per_token_tp + (B2 + 2 * B4) * spec.vocab_size,
+        elementwise_bytes_per_token_tp=inner.elementwise_bytes_per_token_tp, loss_logits_per_token_tp=float(spec.vocab_size),
         elementwise_bytes_per_token_sp=inner.elementwise_bytes_per_token_sp,
         eager_bytes_per_token_tp=inner.eager_bytes_per_token_tp,
         eager_bytes_per_token_sp=inner.eager_bytes_per_token_sp + 3 * _eager_norm_bytes(spec, h),

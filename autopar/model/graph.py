@@ -130,6 +130,9 @@ class Layer:
     elementwise_bytes_per_token_tp: float = 0.0
     elementwise_bytes_per_token_sp: float = 0.0
     elementwise_bytes_per_token_per_seq_tp: float = 0.0  # unfused softmax/dropout over a·s scores
+    # Logits per token the loss runs over (the vocabulary, tp-split): the framework's loss moves
+    # FrameworkProfile.loss_bytes_per_logit over each (autopar.cost.layer.loss_s)
+    loss_logits_per_token_tp: float = 0.0
     # What eager PyTorch ops move beyond the fused minimum above (autopar.model.build.eager_*):
     eager_bytes_per_token_tp: float = 0.0
     eager_bytes_per_token_sp: float = 0.0

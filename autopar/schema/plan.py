@@ -141,6 +141,10 @@ class ParallelPlan(BaseModel):
         None, description="torch.compile each transformer block (torchtitan --compile.enable), fusing its norms, "
         "RoPE and activation; false = eager PyTorch, op by op; not given = on, as autopar exports it. torchtitan "
         "only (None elsewhere): Megatron-LM runs fused kernels and DeepSpeed the Hugging Face model's eager code.")
+    cross_entropy_fusion: Flag | None = Field(
+        None, description="Megatron --cross-entropy-loss-fusion: the vocab-parallel cross-entropy as fused "
+        "kernels (22 + 10 HBM bytes per logit); false = Megatron-LM's default without the flag, op by op (38 + 14); "
+        "not given = on, as autopar exports it. Megatron only (None elsewhere).")
     grad_reduce_in_bf16: Flag = Field(
         False, description="Keep and reduce the main gradients in bf16 instead of fp32 (Megatron "
         "--grad-reduce-in-bf16; NeMo optim.grad_sync_dtype bf16). Megatron only.")
@@ -159,7 +163,7 @@ class ParallelPlan(BaseModel):
     @classmethod
     def _resolve(cls, data):
         """The framework's defaults written into the plan (autopar.frameworks): the ZeRO stage, the CP
-        exchange (normalised at cp = 1) and torch.compile when not given; the parameter-gather overlap
+        exchange (normalised at cp = 1), torch.compile and the cross-entropy fusion when not given; the parameter-gather overlap
         on exactly when parameters are gathered (Megatron refuses --overlap-param-gather without
         --use-distributed-optimizer). A value of the wrong type is left for validation to refuse."""
         if not isinstance(data, dict):
@@ -176,6 +180,8 @@ class ParallelPlan(BaseModel):
             out["cp_comm_type"] = spec.default_cp_comm_type
         if out.get("torch_compile") is None:
             out["torch_compile"] = spec.default_torch_compile
+        if out.get("cross_entropy_fusion") is None:
+            out["cross_entropy_fusion"] = spec.default_cross_entropy_fusion
         if out.get("overlap_param_gather") is None:
             zero = out["zero"]
             out["overlap_param_gather"] = not isinstance(zero, int) or isinstance(zero, bool) or zero >= 1
@@ -191,8 +197,9 @@ class ParallelPlan(BaseModel):
 
     def for_framework(self, framework: str) -> "ParallelPlan":
         """The same plan for `framework`: every field kept but the ones that belong to the old one (its
-        torch.compile choice and release profile), which take the new framework's defaults."""
-        return self.changed(framework=framework, torch_compile=None, framework_release=None)
+        torch.compile and cross-entropy fusion choices and release profile), which take the new
+        framework's defaults."""
+        return self.changed(framework=framework, torch_compile=None, cross_entropy_fusion=None, framework_release=None)
 
     def changed(self, **changes: Any) -> "ParallelPlan":
         """This plan with `changes`, validated and resolved again (model_copy(update=...) would skip

@@ -195,6 +195,10 @@ RULES: tuple[Rule, ...] = (
          lambda c, p: p.moe_grouped_gemm or not (p.recompute.mode == "selective" and "moe_act" in p.recompute.modules),
          lambda c, p: "Megatron recomputes moe_act only with --moe-grouped-gemm; turn moe_grouped_gemm on or drop "
                       "moe_act"),
+    Rule("cross-entropy fusion is Megatron's", ("cross_entropy_fusion", "framework"),
+         lambda c, p: p.cross_entropy_fusion is None or framework_spec(p.framework).default_cross_entropy_fusion is not None,
+         lambda c, p: f"cross_entropy_fusion is Megatron's --cross-entropy-loss-fusion; {p.framework} computes its "
+                      "loss its own way, so leave cross_entropy_fusion unset"),
     Rule("torch.compile is torchtitan's", ("torch_compile", "framework"),
          lambda c, p: p.torch_compile is None or framework_spec(p.framework).default_torch_compile is not None,
          lambda c, p: f"torch_compile is torchtitan's --compile.enable; {p.framework} runs {_kernels(p.framework)} "

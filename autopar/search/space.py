@@ -257,6 +257,11 @@ class Draft(NamedTuple):
         return framework_spec(self.framework).default_torch_compile
 
     @property
+    def cross_entropy_fusion(self) -> bool | None:
+        """ParallelPlan's resolution: the framework's default (fused in Megatron, None elsewhere)."""
+        return framework_spec(self.framework).default_cross_entropy_fusion
+
+    @property
     def overlap_param_gather(self) -> bool:
         """ParallelPlan's resolution (_resolve): on with ZeRO ≥ 1 (tests/test_search_speed.py)."""
         return self.zero >= 1

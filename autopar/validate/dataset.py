@@ -248,6 +248,33 @@ def _shared_expert_overlap(source: str, run_id: str) -> bool:
     return _nemo25_model(source, run_id, _SHARED_EXPERT_OVERLAP_MODELS)
 
 
+# Megatron runs whose loss ran the fused vocab-parallel cross-entropy (Megatron --cross-entropy-loss-fusion,
+# NeMo model.cross_entropy_loss_fusion; autopar.frameworks.megatron.FUSED_LOSS_BYTES). dgxc-nemo25: NeMo 2's
+# GPTConfig defaults it to True (nemo/collections/llm/gpt/model/base.py, v2.0.0-v2.3.0; only LoRA finetune
+# recipes turn it off). megatron-llama3-fp8: examples/llama/train_llama3_8b_h100_fp8.sh passes the flag.
+# NeMo 1.x (nemo-24.07, dgxc-nemo24) takes it from the model config, else TransformerConfig's False
+# (megatron_base_model.py build_transformer_config): the Llama 3/3.1 configs (NeMo-Framework-Launcher 24.07
+# conf/training/llama/*, dgxc-benchmarking llama3.1/*.yaml @ 143b90d) and dgxc's Nemotron-4 recipes set it,
+# the GPT-3, Grok-1 and the launcher's Nemotron-4 340B configs do not. Every other Megatron run passes no
+# such flag the source names: Megatron-LM's default, unfused (the Megatron-LM README lists its performance
+# flags, --overlap-grad-reduce, --overlap-param-gather, --tp-comm-overlap, and not this one).
+_FUSED_LOSS_SOURCES = frozenset({"dgxc-nemo25", "megatron-llama3-fp8"})
+
+
+def _cross_entropy_fusion(source: str, model_name: str) -> bool | None:
+    """The run's plan field cross_entropy_fusion: None for a framework without that choice."""
+    if _SOURCE_TO_FRAMEWORK.get(source, "megatron") != "megatron":
+        return None
+    if source in _FUSED_LOSS_SOURCES:
+        return True
+    name = model_name.lower()
+    if source == "nemo-24.07":
+        return "llama" in name
+    if source == "dgxc-nemo24":
+        return "llama" in name or "nemotron" in name
+    return False
+
+
 def _token_drop_capacity(source: str, recipe: str | None, moe: bool) -> float | None:
     """The capacity factor an MoE run's recipe pads its experts to, None where it runs dropless."""
     if moe and (source in _TOKEN_DROP_SOURCES or recipe in _TOKEN_DROP_RECIPES):
@@ -307,6 +334,7 @@ class MeasuredRun:
     moe_capacity_factor: float | None = None  # the recipe pads each expert's input to this capacity factor
     attention_backend: str = "auto"  # the attention kernel the recipe's environment selects (ParallelPlan's)
     moe_shared_expert_overlap: bool = False  # the recipe's model config overlaps shared experts with the dispatch
+    cross_entropy_fusion: bool | None = None  # Megatron's fused cross-entropy (_cross_entropy_fusion); None elsewhere
     plan: Any = None  # a user's run (autopar.validate.user_runs): the exact ParallelPlan it ran, nothing free
     # (GPUs, global batch) of the smallest run of the same recipe table (same model, layout and settings at
     # other GPU counts), where it is not this run: its free settings ran there too, so they must fit there.
@@ -791,6 +819,7 @@ def _published_fields(row: _Row) -> dict[str, Any]:
         "moe_capacity_factor": _token_drop_capacity(source, row.recipe_context, bool(row.model.moe)),
         "attention_backend": _attention_backend(source, row.recipe_context, row.id),
         "moe_shared_expert_overlap": _shared_expert_overlap(source, row.id),
+        "cross_entropy_fusion": _cross_entropy_fusion(source, row.model.name),
     }
 
 

@@ -170,7 +170,8 @@ def candidate_plans(run: MeasuredRun, graph: ModelGraph) -> list[ParallelPlan]:
                             moe_capacity_factor=run.moe_capacity_factor,
                             moe_pad_to_capacity=run.moe_capacity_factor is not None,
                             attention_backend=run.attention_backend,
-                            moe_shared_expert_overlap=run.moe_shared_expert_overlap)
+                            moe_shared_expert_overlap=run.moe_shared_expert_overlap,
+                            cross_entropy_fusion=run.cross_entropy_fusion)
         if not _violations(plan, run, graph):
             plans.append(plan)
     return plans
