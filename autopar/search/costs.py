@@ -154,13 +154,14 @@ def split_key(plan: ParallelPlan) -> tuple:
         return (tp, tp > 1 if sp is None else sp, cp, ep, tp if etp is None else etp, mbs, seq_len, precision,
                 plan.tp_comm_overlap, framework, plan.framework_release, cp_comm_type, plan.attention_backend,
                 plan.moe_dispatcher, plan.moe_grouped_gemm, plan.moe_load_imbalance, plan.moe_capacity_factor,
-                plan.moe_pad_to_capacity, plan.moe_shared_expert_overlap,
-                r.modules if r.mode == RecomputeMode.SELECTIVE else ("core_attn",))
+                plan.moe_pad_to_capacity, plan.moe_shared_expert_overlap, plan.torch_compile,
+                plan.cross_entropy_fusion, r.modules if r.mode == RecomputeMode.SELECTIVE else ("core_attn",))
     modules = plan.recompute.modules if plan.recompute.mode == RecomputeMode.SELECTIVE else ("core_attn",)
     return (plan.tp, plan.sequence_parallel, plan.cp, plan.ep, plan.expert_tp, plan.mbs, plan.seq_len,
             plan.precision, plan.tp_comm_overlap, plan.framework, plan.framework_release, plan.cp_comm_type,
             plan.attention_backend, plan.moe_dispatcher, plan.moe_grouped_gemm, plan.moe_load_imbalance,
-            plan.moe_capacity_factor, plan.moe_pad_to_capacity, plan.moe_shared_expert_overlap, modules)
+            plan.moe_capacity_factor, plan.moe_pad_to_capacity, plan.moe_shared_expert_overlap, plan.torch_compile,
+            plan.cross_entropy_fusion, modules)
 
 
 def _bound_key(plan: ParallelPlan, split: tuple) -> tuple:
