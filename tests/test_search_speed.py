@@ -121,7 +121,8 @@ def test_expert_blind_resets_only_the_expert_fields():
               "attn_peak_flops": 9.0e14, "attention_kernel": "cudnn", "cp_ring": "torch", "cp_repeats_kv_heads": True,
               "cp_comm_overlapped": False, "tp_backward_overlap": True, "eager": True, "sequential_experts": True,
               "fp8_casts": "torchao_rowwise", "moe_padded": True,
-              "shared_expert_overlap": True, "loss_fwd_bytes": 38.0, "loss_bwd_bytes": 14.0}
+              "shared_expert_overlap": True, "loss_fwd_bytes": 38.0, "loss_bwd_bytes": 14.0,
+              "unfused_attention": True}
     assert set(values) == set(Split._fields)  # a new field must be added here and in expert_blind
     s = Split(**values)
     assert all(getattr(s, name) != default for name, default in Split._field_defaults.items())

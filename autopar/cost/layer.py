@@ -107,6 +107,7 @@ class Split(NamedTuple):
     shared_expert_overlap: bool = False  # shared experts run beside the dispatch (Megatron --moe-shared-expert-overlap)
     loss_fwd_bytes: float = 10.0  # HBM bytes per logit of the loss, forward (FrameworkProfile.loss_bytes_per_logit)
     loss_bwd_bytes: float = 20.0  # and backward
+    unfused_attention: bool = False  # Transformer Engine's UnfusedDotProductAttention (attention_backend "unfused")
 
 
 class Spans(NamedTuple):
@@ -319,7 +320,8 @@ def _attention_and_elementwise_s(layer: Layer, s: Split, cluster: Cluster, p: Co
     """(attention forward, attention backward, unfused scores, elementwise forward, its norms'
     share, its activation's share) seconds of one layer: no expert-parallel field enters."""
     attn_flops = layer.attention_flops_per_token(s.seq_len, causal=True) * s.tokens / s.tp
-    unfused = layer.elementwise_bytes_per_token_per_seq_tp > 0
+    te_unfused = te_unfused_attention(layer, s)
+    unfused = layer.elementwise_bytes_per_token_per_seq_tp > 0 or te_unfused
     # Under context parallelism each ring step runs one kernel on a seq/cp chunk of queries
     # against a seq/cp chunk of keys: efficiency follows the chunk, and there are cp launches.
     attn_peak = s.attn_peak_flops or s.peak_flops
@@ -336,11 +338,38 @@ def _attention_and_elementwise_s(layer: Layer, s: Split, cluster: Cluster, p: Co
     ew_bytes_sp = ew_sp * s.tokens / (s.tp if s.sp else 1)
     ew_bytes_tp = ew_tp * s.tokens / s.tp
     scores_bytes = layer.elementwise_bytes_per_token_per_seq_tp * layer.attended_keys(s.seq_len) * s.tokens / s.tp
+    if te_unfused:
+        scores_bytes += te_unfused_scores_bytes(layer, s.seq_len, s.tokens, s.tp)
     scores_s = memory_bound_time_s(scores_bytes, cluster.hbm_bytes_per_s, p)
     ew_fwd = memory_bound_time_s(ew_bytes_sp + ew_bytes_tp, cluster.hbm_bytes_per_s, p)
     norm_s = ew_fwd * _NORM_SHARE_OF_SP_BYTES * ew_bytes_sp / max(ew_bytes_sp + ew_bytes_tp, 1.0)
     act_s = ew_fwd * ew_bytes_tp / max(ew_bytes_sp + ew_bytes_tp, 1.0)
     return attn_fwd, attn_bwd, scores_s, ew_fwd, norm_s, act_s
+
+
+# Transformer Engine's UnfusedDotProductAttention (TE 2.x transformer_engine/pytorch/attention.py, the
+# attention backend "unfused"; no dropout, as in every model autopar plans on it), HBM bytes per score of
+# the full s × s matrix each head materialises, forward: torch.baddbmm writes the bf16 scores (2);
+# FusedScaleMaskSoftmax's causal kernel (scaled_upper_triang_masked_softmax, for key lengths 16 < s <
+# 16384: softmax.py is_kernel_available) reads the lower triangle (2 × 1/2) and writes every probability
+# (2); the AV torch.bmm reads them (2): 7. The backward moves twice that, as the other unfused passes are
+# priced (_compute below): dP written by dO·Vᵀ (2), the softmax backward reads P and
+# dP and writes dS (6), dQ and dK read dS (4), dV reads P (2): 14. Longer keys take PyTorch's softmax,
+# which moves more; not priced.
+TE_UNFUSED_BYTES_PER_SCORE = 7.0
+
+
+def te_unfused_attention(layer: Layer, s: Split) -> bool:
+    """Whether `layer`'s attention runs Transformer Engine's unfused path: the plan asks for it and the
+    layer is softmax attention whose graph does not already price unfused scores (a dropout model's)."""
+    return s.unfused_attention and layer.softmax_attention_fused
+
+
+def te_unfused_scores_bytes(layer: Layer, seq_len: int, tokens: float, tp: int) -> float:
+    """Forward HBM bytes of the unfused attention's scores on one rank: TE_UNFUSED_BYTES_PER_SCORE for
+    each of the scored keys (Layer.scored_keys: the full row, masked or not) of each of its query
+    heads (num_heads / tp) for `tokens` queries."""
+    return TE_UNFUSED_BYTES_PER_SCORE * layer.num_heads * layer.scored_keys(seq_len) * tokens / tp
 
 
 def loss_s(layer: Layer, s: Split, cluster: Cluster, p: CostParams) -> tuple[float, float]:
@@ -653,7 +682,8 @@ def expert_blind_split(s: Split) -> Split:
     return Split(s.tp, s.sp, s.cp, 1, 1, s.tokens, s.seq_len, s.hidden, s.peak_flops, 1.0, s.cp_comm_type,
                  "alltoall", s.attn_peak_flops, s.attention_kernel, s.cp_ring, s.cp_repeats_kv_heads,
                  s.cp_comm_overlapped, s.tp_backward_overlap, s.eager, False, s.fp8_casts, False, False,
-                 s.loss_fwd_bytes, s.loss_bwd_bytes)  # (positional: _replace costs 3x, and a search makes ~10^3)
+                 s.loss_fwd_bytes, s.loss_bwd_bytes, s.unfused_attention)  # (positional: _replace costs 3x, and a
+    # search makes ~10^3)
 
 
 def expert_blind(s: Split, spans: Spans) -> tuple[Split, Spans]:

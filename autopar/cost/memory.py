@@ -97,9 +97,15 @@ FP8_SAVED_GEMM_INPUTS = frozenset({"attn_norm_output", "attn_context", "mlp_norm
 ETP_GATHERED_ACTIVATIONS = frozenset({"expert_input"})
 
 
+# Transformer Engine's UnfusedDotProductAttention saves its bf16 softmax output P (s × s per head) for
+# the backward (dV = Pᵀ·dO and the softmax backward; no dropout, so no mask or dropped copy): 2 bytes per
+# score, dropped with the core_attn module (selective recompute) or the whole layer (full).
+TE_UNFUSED_SAVED_BYTES_PER_SCORE = 2.0
+
+
 def saved_activation_bytes(layer: Layer, tokens: float, seq_len: int, tp: int, sp: bool, recompute: str,
                            modules: tuple[str, ...] = (), fp8: bool = False, policy: str = "modules",
-                           etp: int = 1) -> float:
+                           etp: int = 1, unfused_attention: bool = False) -> float:
     """Bytes `layer` saves for backward for `tokens` tokens on one GPU (tokens already divided by cp).
 
     recompute "full": only the layer input ("layer_input" tensors) is kept; "selective": tensors of
@@ -108,7 +114,8 @@ def saved_activation_bytes(layer: Layer, tokens: float, seq_len: int, tp: int, s
     §4 (34·sbh/t with selective, 2·sbh/t with full, under tp + sp). `fp8`: Transformer Engine's
     1-byte saved GEMM inputs (pass False for torchao float8, which saves bf16 inputs). `etp`: the
     expert tensor-parallel degree; the experts' input is saved gathered over it
-    (ETP_GATHERED_ACTIVATIONS).
+    (ETP_GATHERED_ACTIVATIONS). `unfused_attention`: the plan's attention runs Transformer Engine's
+    unfused path, which also saves its softmax output (TE_UNFUSED_SAVED_BYTES_PER_SCORE) in core_attn.
     """
     if recompute == "selective" and policy == "kept":  # nothing dropped: the HF model keeps every tensor
         recompute = "none"
@@ -127,6 +134,9 @@ def saved_activation_bytes(layer: Layer, tokens: float, seq_len: int, tp: int, s
         if act.name in ETP_GATHERED_ACTIVATIONS:
             per_token *= etp
         total += per_token * tokens / activation_divisor(act.split, tp, sp)
+    dropped = recompute == "full" or (recompute == "selective" and "core_attn" in modules)
+    if unfused_attention and not dropped and layer.softmax_attention_fused:
+        total += TE_UNFUSED_SAVED_BYTES_PER_SCORE * layer.num_heads * keys * tokens / tp
     return total
 
 

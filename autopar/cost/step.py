@@ -101,7 +101,9 @@ def assign_layers(graph: ModelGraph, layout: Layout) -> list[list[Layer]]:
 
 # Megatron --attention-backend -> the kernel family priced (cost-model attention_kernels): flash runs the
 # flash-attn package Transformer Engine imports (2.x in the NeMo containers of 2024-25), fused cuDNN's
-# fused attention; auto leaves Transformer Engine's choice (FrameworkProfile.attention_kernel_by_arch).
+# fused attention; auto leaves Transformer Engine's choice (FrameworkProfile.attention_kernel_by_arch);
+# unfused prices Transformer Engine's UnfusedDotProductAttention instead of a flash kernel
+# (autopar.cost.layer.te_unfused_attention).
 ATTENTION_BACKEND_KERNELS = {"flash": "fa2", "fused": "cudnn"}
 
 
@@ -186,6 +188,7 @@ def setup(graph: ModelGraph, cluster: Cluster, plan: ParallelPlan, p: CostParams
                   attn_peak_flops=bf16_peak,
                   attention_kernel=ATTENTION_BACKEND_KERNELS.get(plan.attention_backend)
                   or fw.attention_kernel(gpu_arch(cluster.gpu_name)),
+                  unfused_attention=plan.attention_backend == "unfused",
                   cp_ring=fw.cp_ring, cp_repeats_kv_heads=fw.cp_repeats_kv_heads,
                   cp_comm_overlapped=fw.cp_comm_overlapped, tp_backward_overlap=fw.tp_backward_overlap,
                   eager=eager,
@@ -464,6 +467,7 @@ def stage_activation_bytes(stage: list[Layer], plan: ParallelPlan, tokens: float
     sp = plan.sequence_parallel
     fw = framework_profile(plan.framework, plan.framework_release)
     fp8 = plan.precision != "bf16" and fw.fp8_one_byte_saved_inputs  # mxfp8 / nvfp4 saved at fp8's byte too
+    unfused = plan.attention_backend == "unfused"
     sized: dict[tuple, tuple[float, float]] = {}
     for i, layer in enumerate(stage):
         mode = RecomputeMode.NONE
@@ -473,9 +477,11 @@ def stage_activation_bytes(stage: list[Layer], plan: ParallelPlan, tokens: float
         hit = sized.get((classes[i], mode)) if classes is not None else None
         if hit is None:
             kept = memory.saved_activation_bytes(layer, tokens, plan.seq_len, plan.tp, sp, mode,
-                                                 plan.recompute.modules, fp8, fw.selective_policy, plan.expert_tp)
+                                                 plan.recompute.modules, fp8, fw.selective_policy, plan.expert_tp,
+                                                 unfused)
             full = kept if mode == RecomputeMode.NONE else memory.saved_activation_bytes(
-                layer, tokens, plan.seq_len, plan.tp, sp, RecomputeMode.NONE, fp8=fp8, etp=plan.expert_tp)
+                layer, tokens, plan.seq_len, plan.tp, sp, RecomputeMode.NONE, fp8=fp8, etp=plan.expert_tp,
+                unfused_attention=unfused)
             hit = (kept, full)
             if classes is not None:
                 sized[classes[i], mode] = hit

@@ -366,8 +366,9 @@ def _megatron_comm_types(a: Mapping[str, Any]) -> dict[str, Any]:
                              "for every layer")
     (kind,) = types
     out["cp_comm_type"] = "allgather" if kind == "all_gather" else kind
-    if a["attention_backend"] not in ("auto", "flash", "fused"):
-        raise InputFileError(f"--attention-backend {a['attention_backend']} is not modelled; use auto, flash or fused")
+    if a["attention_backend"] not in ("auto", "flash", "fused", "unfused"):
+        raise InputFileError(f"--attention-backend {a['attention_backend']} is not modelled; use auto, flash, fused "
+                             "or unfused")
     out["attention_backend"] = a["attention_backend"]
     if a["num_experts"]:
         if a["moe_token_dispatcher_type"] not in ("alltoall", "allgather"):

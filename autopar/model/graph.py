@@ -194,6 +194,14 @@ class Layer:
         window = self.attention_window if self.attention_top_k is None else self.attention_top_k
         return attended_keys_per_query(seq_len, window, causal, self.attention_chunk)
 
+    @property
+    def softmax_attention_fused(self) -> bool:
+        """Softmax attention whose kernel the plan picks: an attention mixer with heads whose graph does
+        not already price unfused scores (a dropout model's, elementwise_bytes_per_token_per_seq_tp).
+        Only such a layer runs Transformer Engine's unfused path under attention_backend "unfused"."""
+        return (self.mixer == "attention" and self.num_heads > 0 and self.attn_flops_per_token_per_seq > 0
+                and self.elementwise_bytes_per_token_per_seq_tp == 0)
+
     def scored_keys(self, seq_len: int) -> int:
         """Keys per query an unfused kernel materialises scores for (see scored_keys_per_query)."""
         return scored_keys_per_query(seq_len, self.attention_window, self.attention_chunk)

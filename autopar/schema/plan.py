@@ -113,10 +113,13 @@ class ParallelPlan(BaseModel):
         "p2p", description="Context-parallel attention (Megatron --cp-comm-type): p2p ring with K/V exchange "
         "overlapped, a2a (Ulysses: heads scattered, needs kv heads / tp divisible by cp), allgather of K/V; "
         "when not given, and always at cp 1, the framework's default (torchtitan allgather, else p2p).")
-    attention_backend: Literal["auto", "flash", "fused"] = Field(
+    attention_backend: Literal["auto", "flash", "fused", "unfused"] = Field(
         "auto", description="Megatron --attention-backend: auto = Transformer Engine's choice (FlashAttention on "
         "Ampere, cuDNN fused attention on Hopper and Blackwell), flash = the flash-attn 2 package (what "
-        "NVTE_FUSED_ATTN=0 leaves), fused = cuDNN fused attention; other frameworks pick their own kernel.")
+        "NVTE_FUSED_ATTN=0 leaves), fused = cuDNN fused attention, unfused = Transformer Engine's "
+        "UnfusedDotProductAttention with the scores in HBM (what Transformer Engine before 2.5 falls back to on "
+        "Blackwell for head dims above 128, such as MLA's 192; no context parallelism); other frameworks pick "
+        "their own kernel.")
     moe_dispatcher: Literal["alltoall", "allgather"] = Field(
         "alltoall", description="MoE token dispatcher (Megatron --moe-token-dispatcher-type).")
     moe_load_imbalance: Real | None = Field(

@@ -170,6 +170,12 @@ RULES: tuple[Rule, ...] = (
          lambda c, p: p.attention_backend == "auto" or framework_spec(p.framework).attention_backend_settable,
          lambda c, p: f"attention_backend is Megatron's --attention-backend; {p.framework} picks its own attention "
                       "kernel, so leave attention_backend auto"),
+    # Transformer Engine's get_attention_backend (dot_product_attention/utils.py, TE 2.x): "Disabling
+    # UnfusedDotProductAttention as it does not support context parallelism".
+    Rule("unfused attention without cp", ("attention_backend", "cp"),
+         lambda c, p: p.attention_backend != "unfused" or p.cp == 1,
+         lambda c, p: f"attention_backend unfused: Transformer Engine's unfused attention has no context "
+                      f"parallelism (cp {p.cp}); set cp 1 or attention_backend auto"),
     Rule("sequential experts", ("moe_grouped_gemm", "framework"),
          lambda c, p: p.moe_grouped_gemm or framework_spec(p.framework).sequential_experts_settable,
          lambda c, p: f"moe_grouped_gemm is Megatron's --moe-grouped-gemm; {p.framework} always groups its experts' "

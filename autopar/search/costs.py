@@ -198,7 +198,7 @@ def _columns_key(plan: ParallelPlan, modules: tuple[str, ...], tokens: float) ->
     """What stage_activation_bytes reads of the plan under each recompute mode (the modules given),
     and the tokens per microbatch: splits that differ only in ep share their memory columns."""
     return (plan.seq_len, plan.tp, plan.sequence_parallel, plan.expert_tp, plan.precision, plan.framework,
-            plan.framework_release, modules, tokens)
+            plan.framework_release, plan.attention_backend, modules, tokens)
 
 
 def _activation_columns(kinds: list, plan: ParallelPlan, modules: tuple[str, ...], tokens: float) -> dict:

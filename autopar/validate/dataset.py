@@ -215,14 +215,27 @@ _FLASH_ATTENTION_RECIPES = frozenset({
 })
 _FLASH_ATTENTION_MODELS = ("nemotronh_56b",)  # dgxc-nemo25 run ids
 _FLASH_ATTENTION_SOURCES = frozenset({"nemo-24.07"})
+# Runs whose Transformer Engine has no fused kernel for their attention and falls back to its
+# UnfusedDotProductAttention (ParallelPlan.attention_backend "unfused"): MLA (query/key head dim 192, value
+# 128) on Blackwell before Transformer Engine 2.5. TE v2.1-v2.4 transformer_engine/common/fused_attn/
+# fused_attn.cpp nvte_get_fused_attn_backend rejects sm100+ with head_dim_qk or head_dim_v above 128
+# ("special conditions for blackwell"), and dot_product_attention/utils.py get_attention_backend disables
+# FlashAttention when head_dim_qk != head_dim_v ("does not support MLA"); v2.5 (#1797, 2025-06-14) adds
+# d_qk 192 / d_v 128 training on Blackwell with cuDNN 9.11. dgxc-nemo25's GB200 recipes run the NeMo
+# 25.04.01 image (deepseek_v3/pretraining/launch.sh @ 1f6d9f4: FW_VERSION=25.04.01), of April 2025.
+_UNFUSED_ATTENTION_SOURCES = frozenset({"dgxc-nemo25"})
+_UNFUSED_ATTENTION_CLUSTERS = frozenset({"gb200-nvl72"})
 
 
-def _attention_backend(source: str, recipe: str | None, run_id: str) -> str:
+def _attention_backend(source: str, recipe: str | None, run_id: str, cluster: str = "",
+                       arch: dict[str, Any] | None = None) -> str:
     """The attention backend a run's recipe environment selects (ParallelPlan.attention_backend)."""
     if recipe in _FLASH_ATTENTION_RECIPES or source in _FLASH_ATTENTION_SOURCES:
         return "flash"
     if _nemo25_model(source, run_id, _FLASH_ATTENTION_MODELS):
         return "flash"
+    if source in _UNFUSED_ATTENTION_SOURCES and cluster in _UNFUSED_ATTENTION_CLUSTERS and (arch or {}).get("mla"):
+        return "unfused"
     return "auto"
 
 
@@ -817,7 +830,7 @@ def _published_fields(row: _Row) -> dict[str, Any]:
         "tp_comm_overlap": _tp_comm_overlap(source, row.id),
         "recompute_modules": _recipe_recompute(source, row.id),
         "moe_capacity_factor": _token_drop_capacity(source, row.recipe_context, bool(row.model.moe)),
-        "attention_backend": _attention_backend(source, row.recipe_context, row.id),
+        "attention_backend": _attention_backend(source, row.recipe_context, row.id, _cluster_of(row), arch),
         "moe_shared_expert_overlap": _shared_expert_overlap(source, row.id),
         "cross_entropy_fusion": _cross_entropy_fusion(source, row.model.name),
     }
