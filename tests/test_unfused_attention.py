@@ -121,3 +121,21 @@ def test_mla_on_blackwell_before_te_2_5_runs_unfused():
     assert unfused == {r.run_id for r in runs if "deepseek_v3" in r.run_id and "gb200" in r.run_id}
     assert len(unfused) == 4
     assert all(r.attention_backend == "auto" for r in runs if "deepseek_v3" in r.run_id and "h100" in r.run_id)
+
+
+def test_unfused_attention_is_why_the_gb200_recipe_recomputes_core_attention():
+    """dgxc-benchmarking's DeepSeek-V3 launch.sh (@ 1f6d9f4) recomputes mla_up_proj on H100 but
+    core_attn on GB200. With the unfused attention that GB200 image ran, the H100 choice would keep
+    each layer's 2 GiB softmax output for every in-flight microbatch and not fit in 186 GiB; core_attn
+    recompute fits. Under fused attention both fit: the recipe's choice follows from the backend."""
+    from autopar.schema.plan import Recompute
+    from autopar.validate.runner import MEASURED_RUN_MARGIN
+
+    fits = {}
+    for backend in ("auto", "unfused"):
+        for module in ("core_attn", "mla_up_proj"):
+            graph, cluster, plan = _dsv3(backend, recompute=Recompute(mode="selective", modules=(module,)),
+                                         moe_capacity_factor=1.0, moe_pad_to_capacity=True)
+            fits[backend, module] = estimate(graph, cluster, plan, GB200, MEASURED_RUN_MARGIN).fits
+    assert fits == {("auto", "core_attn"): True, ("auto", "mla_up_proj"): True,
+                    ("unfused", "core_attn"): True, ("unfused", "mla_up_proj"): False}
