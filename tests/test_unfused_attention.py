@@ -82,7 +82,7 @@ def test_a_dropout_graph_keeps_its_own_unfused_pricing():
     backend adds nothing to it."""
     graph = load_model("gpt3-175b")
     layer = next(layer for layer in graph.layers if layer.kind == "dense")
-    assert layer.elementwise_bytes_per_token_per_seq_tp > 0 and not layer.softmax_attention_fused
+    assert layer.elementwise_bytes_per_token_per_seq_tp > 0 and not layer.fused_priced_attention
     cluster = load_cluster("dgx-a100-80gb", 64)
     _, a100 = load_cost_model("a100")
     plan = ParallelPlan(tp=8, pp=8, global_batch=64, seq_len=2048)

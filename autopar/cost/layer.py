@@ -348,21 +348,21 @@ def _attention_and_elementwise_s(layer: Layer, s: Split, cluster: Cluster, p: Co
 
 
 # Transformer Engine's UnfusedDotProductAttention (TE 2.x transformer_engine/pytorch/attention.py, the
-# attention backend "unfused"; no dropout, as in every model autopar plans on it), HBM bytes per score of
-# the full s × s matrix each head materialises, forward: torch.baddbmm writes the bf16 scores (2);
-# FusedScaleMaskSoftmax's causal kernel (scaled_upper_triang_masked_softmax, for key lengths 16 < s <
-# 16384: softmax.py is_kernel_available) reads the lower triangle (2 × 1/2) and writes every probability
-# (2); the AV torch.bmm reads them (2): 7. The backward moves twice that, as the other unfused passes are
-# priced (_compute below): dP written by dO·Vᵀ (2), the softmax backward reads P and
-# dP and writes dS (6), dQ and dK read dS (4), dV reads P (2): 14. Longer keys take PyTorch's softmax,
-# which moves more; not priced.
+# attention backend "unfused"; without dropout: a dropout model's graph prices its own unfused attention,
+# autopar.model.build.UNFUSED_ATTENTION_BYTES_PER_SCORE), HBM bytes per score of the full s × s matrix each
+# head materialises, forward: torch.baddbmm writes the bf16 scores (2); FusedScaleMaskSoftmax's causal
+# kernel (scaled_upper_triang_masked_softmax, for key lengths 16 < s < 16384: softmax.py
+# is_kernel_available) reads the lower triangle (2 × 1/2) and writes every probability (2); the AV
+# torch.bmm reads them (2): 7. The backward moves twice that, as _compute prices every unfused pass: dP
+# written by dO·Vᵀ (2), the softmax backward reads P and dP and writes dS (6), dQ and dK read dS (4), dV
+# reads P (2): 14. Longer keys take PyTorch's softmax, which moves more; not priced.
 TE_UNFUSED_BYTES_PER_SCORE = 7.0
 
 
 def te_unfused_attention(layer: Layer, s: Split) -> bool:
     """Whether `layer`'s attention runs Transformer Engine's unfused path: the plan asks for it and the
     layer is softmax attention whose graph does not already price unfused scores (a dropout model's)."""
-    return s.unfused_attention and layer.softmax_attention_fused
+    return s.unfused_attention and layer.fused_priced_attention
 
 
 def te_unfused_scores_bytes(layer: Layer, seq_len: int, tokens: float, tp: int) -> float:

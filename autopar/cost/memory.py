@@ -135,7 +135,7 @@ def saved_activation_bytes(layer: Layer, tokens: float, seq_len: int, tp: int, s
             per_token *= etp
         total += per_token * tokens / activation_divisor(act.split, tp, sp)
     dropped = recompute == "full" or (recompute == "selective" and "core_attn" in modules)
-    if unfused_attention and not dropped and layer.softmax_attention_fused:
+    if unfused_attention and not dropped and layer.fused_priced_attention:
         total += TE_UNFUSED_SAVED_BYTES_PER_SCORE * layer.num_heads * keys * tokens / tp
     return total
 

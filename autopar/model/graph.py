@@ -195,10 +195,10 @@ class Layer:
         return attended_keys_per_query(seq_len, window, causal, self.attention_chunk)
 
     @property
-    def softmax_attention_fused(self) -> bool:
-        """Softmax attention whose kernel the plan picks: an attention mixer with heads whose graph does
-        not already price unfused scores (a dropout model's, elementwise_bytes_per_token_per_seq_tp).
-        Only such a layer runs Transformer Engine's unfused path under attention_backend "unfused"."""
+    def fused_priced_attention(self) -> bool:
+        """Softmax attention this graph prices as a fused kernel: an attention mixer with heads and no
+        unfused scores of its own (a dropout model's, elementwise_bytes_per_token_per_seq_tp). Only
+        such a layer switches to Transformer Engine's unfused path under attention_backend "unfused"."""
         return (self.mixer == "attention" and self.num_heads > 0 and self.attn_flops_per_token_per_seq > 0
                 and self.elementwise_bytes_per_token_per_seq_tp == 0)
 
