@@ -187,7 +187,7 @@ def setup(graph: ModelGraph, cluster: Cluster, plan: ParallelPlan, p: CostParams
                   peak_flops=peak, moe_load=load, cp_comm_type=plan.cp_comm_type, moe_dispatcher=plan.moe_dispatcher,
                   attn_peak_flops=bf16_peak,
                   attention_kernel=ATTENTION_BACKEND_KERNELS.get(plan.attention_backend)
-                  or fw.attention_kernel(gpu_arch(cluster.gpu_name)),
+                  or fw.attention_kernel(gpu_arch(cluster.gpu_name), graph.attention_head_dims),
                   unfused_attention=plan.attention_backend == "unfused",
                   cp_ring=fw.cp_ring, cp_repeats_kv_heads=fw.cp_repeats_kv_heads,
                   cp_comm_overlapped=fw.cp_comm_overlapped, tp_backward_overlap=fw.tp_backward_overlap,

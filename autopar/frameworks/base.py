@@ -67,9 +67,20 @@ class FrameworkProfile:
     # off, an eager torchtitan plan; None: no such choice)
     loss_bytes_per_logit: tuple[float, float] = (10.0, 20.0)
     unfused_loss_bytes_per_logit: tuple[float, float] | None = None
+    # (GPU architecture, largest head dim its attention_kernel_by_arch kernel trains, (query/key, value)
+    # pairs above that it trains all the same): a model with other head dims runs `attention_fallback_kernel`
+    # there (the framework's own choice, e.g. Transformer Engine's cuDNN backend on Blackwell)
+    kernel_head_dim_limits: tuple[tuple[str, int, tuple[tuple[int, int], ...]], ...] = ()
+    attention_fallback_kernel: str = "fa2"
 
-    def attention_kernel(self, arch: str) -> str:
-        return dict(self.attention_kernel_by_arch).get(arch, "fa2")
+    def attention_kernel(self, arch: str, head_dims: tuple[tuple[int, int], ...] = ()) -> str:
+        """The kernel family the framework launches on `arch` for a model whose softmax attention has
+        these (query/key, value) head dims (ModelGraph.attention_head_dims)."""
+        kernel = dict(self.attention_kernel_by_arch).get(arch, "fa2")
+        for limit_arch, limit, allowed in self.kernel_head_dim_limits:
+            if limit_arch == arch and any(max(d) > limit and d not in allowed for d in head_dims):
+                return self.attention_fallback_kernel
+        return kernel
 
     def loss_bytes(self, unfused: bool) -> tuple[float, float]:
         """(forward, backward) HBM bytes per logit of the loss a plan runs: this profile's, or its unfused

@@ -9,7 +9,9 @@ optim_grads / optim_grads_params). The search leaves stage 3 out unless it is pi
 Cost profile, per field (sources):
 - attention kernel: Megatron-Core runs Transformer Engine's DotProductAttention, whose default
   backend on Hopper is cuDNN's fused flash attention and on Ampere flash-attn 2 (TE 1.x docs,
-  "Attention backends"). `autopar profile` measurements override every family.
+  "Attention backends"); on Blackwell cuDNN trains head dims up to 128 and MLA's 192/128 only, so
+  a model with larger heads (Nemotron-4 340B's 192, Qwen3-Next's 256) runs flash-attn 2 there
+  (TE_CUDNN_HEAD_DIM_LIMITS). `autopar profile` measurements override every family.
 - selective recompute: --recompute-granularity selective drops the tensors of the listed modules
   (Korthikanti et al. 2022 §5).
 - loss: the vocab-parallel cross-entropy works in place on the fp32 logits. Its HBM traffic per logit
@@ -74,9 +76,17 @@ from autopar.frameworks.base import FrameworkProfile, FrameworkSpec
 UNFUSED_LOSS_BYTES = (38.0, 14.0)
 FUSED_LOSS_BYTES = (22.0, 10.0)
 
+# Head dims Transformer Engine's cuDNN backend trains (TE v2.16 transformer_engine/common/fused_attn/
+# fused_attn.cpp nvte_get_fused_attn_backend, bf16/fp16 arbitrary-seqlen, training): on Hopper up to 256
+# (cuDNN 9.5+); on Blackwell up to 128, and MLA's 192/128 (cuDNN 9.11+, added in TE 2.5 by #1797). Above
+# that Transformer Engine leaves Blackwell to FlashAttention (dot_product_attention/utils.py
+# get_attention_backend: flash-attn 2 takes head dims up to 256 on sm100; FlashAttention 3 is Hopper's).
+TE_CUDNN_HEAD_DIM_LIMITS = (("hopper", 256, ()), ("blackwell", 128, ((192, 128),)))
+
 PROFILE = FrameworkProfile(
     name="megatron", version="Megatron-Core 0.8-0.16 with Transformer Engine 1.x",
     attention_kernel_by_arch=(("ampere", "fa2"), ("hopper", "cudnn"), ("blackwell", "cudnn")),
+    kernel_head_dim_limits=TE_CUDNN_HEAD_DIM_LIMITS,
     selective_policy="modules", fused_cross_entropy=True, persistent_gradients=True,
     fp8_one_byte_saved_inputs=True, gather_unit="block", gathers_under_full_recompute=2, prefetch_depth=1,
     tp_backward_overlap=True, loss_bytes_per_logit=FUSED_LOSS_BYTES, unfused_loss_bytes_per_logit=UNFUSED_LOSS_BYTES)

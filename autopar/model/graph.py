@@ -266,6 +266,13 @@ class ModelGraph:
             index.append(kind_to_index[key])
         return tuple(kinds), tuple(index)
 
+    @cached_property
+    def attention_head_dims(self) -> tuple[tuple[int, int], ...]:
+        """The (query/key, value) head dims of the graph's fused-priced softmax attention layers
+        (Layer.fused_priced_attention), sorted, each once: what a framework's choice of attention
+        kernel reads (FrameworkProfile.attention_kernel)."""
+        return tuple(sorted({(x.head_dim_qk, x.head_dim_v) for x in self.layers if x.fused_priced_attention}))
+
     @property
     def decoder_layers(self) -> tuple[Layer, ...]:
         return tuple(layer for layer in self.layers if layer.kind in ("dense", "moe"))
