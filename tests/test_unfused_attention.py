@@ -1,6 +1,6 @@
 """Transformer Engine's unfused attention (ParallelPlan.attention_backend "unfused"): what it moves
-and saves, counted from TE 2.x's UnfusedDotProductAttention (autopar.cost.layer
-TE_UNFUSED_BYTES_PER_SCORE, autopar.cost.memory TE_UNFUSED_SAVED_BYTES_PER_SCORE), the rules
+and saves, counted from TE 2.x's UnfusedDotProductAttention (autopar.frameworks.megatron
+TE_UNFUSED_BYTES_PER_SCORE and TE_UNFUSED_SAVED_BYTES_PER_SCORE), the rules
 around it, and the runs whose Transformer Engine falls back to it (MLA on Blackwell before TE 2.5)."""
 
 from __future__ import annotations

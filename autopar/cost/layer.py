@@ -19,6 +19,7 @@ from typing import NamedTuple
 from autopar.cost import comm
 from autopar.cost.compute import attention_time_s, gemm_pass_bytes, gemm_time_s, memory_bound_time_s
 from autopar.cost.params import CostParams
+from autopar.frameworks.megatron import TE_UNFUSED_BYTES_PER_SCORE
 from autopar.hardware import Cluster
 from autopar.model.graph import Layer
 from autopar.schema.plan import RecomputeMode
@@ -345,18 +346,6 @@ def _attention_and_elementwise_s(layer: Layer, s: Split, cluster: Cluster, p: Co
     norm_s = ew_fwd * _NORM_SHARE_OF_SP_BYTES * ew_bytes_sp / max(ew_bytes_sp + ew_bytes_tp, 1.0)
     act_s = ew_fwd * ew_bytes_tp / max(ew_bytes_sp + ew_bytes_tp, 1.0)
     return attn_fwd, attn_bwd, scores_s, ew_fwd, norm_s, act_s
-
-
-# Transformer Engine's UnfusedDotProductAttention (TE 2.x transformer_engine/pytorch/attention.py, the
-# attention backend "unfused"; without dropout: a dropout model's graph prices its own unfused attention,
-# autopar.model.build.UNFUSED_ATTENTION_BYTES_PER_SCORE), HBM bytes per score of the full s × s matrix each
-# head materialises, forward: torch.baddbmm writes the bf16 scores (2); FusedScaleMaskSoftmax's causal
-# kernel (scaled_upper_triang_masked_softmax, for key lengths 16 < s < 16384: softmax.py
-# is_kernel_available) reads the lower triangle (2 × 1/2) and writes every probability (2); the AV
-# torch.bmm reads them (2): 7. The backward moves twice that, as _compute prices every unfused pass: dP
-# written by dO·Vᵀ (2), the softmax backward reads P and dP and writes dS (6), dQ and dK read dS (4), dV
-# reads P (2): 14. Longer keys take PyTorch's softmax, which moves more; not priced.
-TE_UNFUSED_BYTES_PER_SCORE = 7.0
 
 
 def te_unfused_attention(layer: Layer, s: Split) -> bool:

@@ -7,6 +7,7 @@ from __future__ import annotations
 from autopar.model.graph import Layer
 from autopar.frameworks import framework_spec
 from autopar.frameworks.base import ZERO_STATES
+from autopar.frameworks.megatron import TE_UNFUSED_SAVED_BYTES_PER_SCORE
 from autopar.schema.plan import Framework
 
 BF16 = 2.0
@@ -95,12 +96,6 @@ FP8_SAVED_GEMM_INPUTS = frozenset({"attn_norm_output", "attn_context", "mlp_norm
 # the linear keeps that full-width input for its weight gradient; the experts' intermediate tensors
 # are etp-split in width, so only this one grows by etp.
 ETP_GATHERED_ACTIVATIONS = frozenset({"expert_input"})
-
-
-# Transformer Engine's UnfusedDotProductAttention saves its bf16 softmax output P (s × s per head) for
-# the backward (dV = Pᵀ·dO and the softmax backward; no dropout, so no mask or dropped copy): 2 bytes per
-# score, dropped with the core_attn module (selective recompute) or the whole layer (full).
-TE_UNFUSED_SAVED_BYTES_PER_SCORE = 2.0
 
 
 def saved_activation_bytes(layer: Layer, tokens: float, seq_len: int, tp: int, sp: bool, recompute: str,

@@ -76,6 +76,22 @@ from autopar.frameworks.base import FrameworkProfile, FrameworkSpec
 UNFUSED_LOSS_BYTES = (38.0, 14.0)
 FUSED_LOSS_BYTES = (22.0, 10.0)
 
+# Transformer Engine's UnfusedDotProductAttention (TE 2.x transformer_engine/pytorch/attention.py, the
+# attention backend "unfused"; without dropout: a dropout model's graph prices its own unfused attention,
+# autopar.model.build.UNFUSED_ATTENTION_BYTES_PER_SCORE), HBM bytes per score of the full s × s matrix each
+# head materialises, forward: torch.baddbmm writes the bf16 scores (2); FusedScaleMaskSoftmax's causal
+# kernel (scaled_upper_triang_masked_softmax, for key lengths 16 < s < 16384: softmax.py
+# is_kernel_available) reads the lower triangle (2 × 1/2) and writes every probability (2); the AV
+# torch.bmm reads them (2): 7. The backward moves twice that, as autopar.cost.layer prices every unfused
+# pass: dP written by dO·Vᵀ (2), the softmax backward reads P and dP and writes dS (6), dQ and dK read
+# dS (4), dV reads P (2): 14. Longer keys take PyTorch's softmax, which moves more; not priced.
+TE_UNFUSED_BYTES_PER_SCORE = 7.0
+
+# Transformer Engine's UnfusedDotProductAttention saves its bf16 softmax output P (s × s per head) for
+# the backward (dV = Pᵀ·dO and the softmax backward; no dropout, so no mask or dropped copy): 2 bytes per
+# score, dropped with the core_attn module (selective recompute) or the whole layer (full).
+TE_UNFUSED_SAVED_BYTES_PER_SCORE = 2.0
+
 # Head dims Transformer Engine's cuDNN backend trains (TE v2.16 transformer_engine/common/fused_attn/
 # fused_attn.cpp nvte_get_fused_attn_backend, bf16/fp16 arbitrary-seqlen, training): on Hopper up to 256
 # (cuDNN 9.5+); on Blackwell up to 128, and MLA's 192/128 (cuDNN 9.11+, added in TE 2.5 by #1797). Above
