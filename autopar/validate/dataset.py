@@ -715,6 +715,16 @@ def _zero_stage(parallel: _RowParallel) -> tuple[int | None, str]:
     return None, ""
 
 
+# Sources whose pipeline ran Megatron's non-interleaved 1F1B though the row leaves vpp empty.
+# megascale-moe: Sec. 6.1 puts the strong-scaling decline (PP 15, global batch 720 from 240 to 1,440
+# GPUs) on pipeline bubbles ("the number of micro-batches for each pipeline decreases with more GPUs,
+# leading to more bubbles"); its MFU endpoints 32.48 -> 27.89 % (x0.859) are the 1F1B bubble,
+# (m + p - 1)/m from m = 360 to 60 micro-batches at p = 15 (x0.842, tests/test_fidelity.py), not an
+# interleaved one's (x0.913 at two virtual stages, x0.954 at four), and Megatron-LM's own GPU-seconds
+# per step grow by the same 1/0.843 (39.94 s x 240 -> 7.90 s x 1,440).
+_NON_INTERLEAVED_SOURCES = frozenset({"megascale-moe"})
+
+
 def _degrees(row: _Row) -> dict[str, int | None]:
     """tp, pp, dp, cp, ep, etp, vpp with 1 for absent axes; checks tp·pp·dp·cp = GPUs."""
     par, gpus = row.parallel, row.hardware.num_gpus
@@ -725,7 +735,7 @@ def _degrees(row: _Row) -> dict[str, int | None]:
         raise SchemaError(
             f"published run {row.id!r}: tp {par.tp} x pp {par.pp} x dp {par.dp} x cp {cp} != {gpus} GPUs"
         )
-    vpp = 1 if par.pp == 1 else par.vpp
+    vpp = 1 if par.pp == 1 or (par.vpp is None and _source_of(row.id) in _NON_INTERLEAVED_SOURCES) else par.vpp
     return {"tp": par.tp, "pp": par.pp, "dp": par.dp, "cp": cp, "ep": par.ep or 1,
             "etp": par.expert_tp or 1, "vpp": vpp}
 
