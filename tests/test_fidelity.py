@@ -346,7 +346,6 @@ def test_megascale_baseline_runs_non_interleaved_1f1b():
     assert drop(lambda m: bubble_fraction_1f1b(15, m)) == pytest.approx(0.842, abs=5e-4)
     assert drop(lambda m: bubble_fraction_interleaved(15, m, 2)) == pytest.approx(0.913, abs=5e-4)
     assert drop(lambda m: bubble_fraction_interleaved(15, m, 4)) == pytest.approx(0.954, abs=5e-4)
-    assert 27.89 / 32.48 == pytest.approx(0.859, abs=5e-4)
     runs = {r.num_gpus: r for r in load_runs({"megascale-moe"})}
     assert (runs[240].measured_step_time_s * 240) / (runs[1440].measured_step_time_s * 1440) == pytest.approx(
         0.843, abs=5e-4)

@@ -725,7 +725,7 @@ def _zero_stage(parallel: _RowParallel) -> tuple[int | None, str]:
 _NON_INTERLEAVED_SOURCES = frozenset({"megascale-moe"})
 
 
-def _degrees(row: _Row) -> dict[str, int | None]:
+def _degrees(row: _Row, source: str) -> dict[str, int | None]:
     """tp, pp, dp, cp, ep, etp, vpp with 1 for absent axes; checks tp·pp·dp·cp = GPUs."""
     par, gpus = row.parallel, row.hardware.num_gpus
     if None in (par.tp, par.pp, par.dp):
@@ -735,7 +735,7 @@ def _degrees(row: _Row) -> dict[str, int | None]:
         raise SchemaError(
             f"published run {row.id!r}: tp {par.tp} x pp {par.pp} x dp {par.dp} x cp {cp} != {gpus} GPUs"
         )
-    vpp = 1 if par.pp == 1 or (par.vpp is None and _source_of(row.id) in _NON_INTERLEAVED_SOURCES) else par.vpp
+    vpp = 1 if par.pp == 1 or (par.vpp is None and source in _NON_INTERLEAVED_SOURCES) else par.vpp
     return {"tp": par.tp, "pp": par.pp, "dp": par.dp, "cp": cp, "ep": par.ep or 1,
             "etp": par.expert_tp or 1, "vpp": vpp}
 
@@ -814,7 +814,7 @@ _CONVERTERS = {
 def _published_fields(row: _Row) -> dict[str, Any]:
     """MeasuredRun fields of one published row (all but split); _Unusable if it cannot convert."""
     source = _source_of(row.id)
-    degrees = _degrees(row)
+    degrees = _degrees(row, source)
     arch = _published_arch(row, source)
     if "hybrid" in row.model.name.lower() or "mamba" in row.model.name.lower():
         arch["model"] = _hybrid_preset(row)
