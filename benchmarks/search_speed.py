@@ -12,7 +12,9 @@ DeepSeek-V3 / 2,048 H800 and Qwen3-235B-A22B / 1,024 H100; peak RSS under 200 Mi
 search as fast as Megatron's, in process CPU seconds (best of 3): torchtitan Llama-3-70B / 256 H100
 and Llama-3.1-405B / 512 H100 under 0.6 s, torchtitan Qwen3-235B-A22B / 1,024 H100 under 1.5 s,
 DeepSpeed Llama-3-70B / 64 H100 under 0.6 s; a model the framework cannot train (DeepSeek-V3's MTP
-under torchtitan) refused in the same budget. The fastest run of a case is the one with least CPU.
+under torchtitan) refused in the same budget. Spaces near the cap (autopar.search.space
+MAX_RAW_CANDIDATES): Llama 4 Maverick / 576 GB200 (319,932 raw plans) under 3 s, Kimi K2 / 18,432 GB200
+at 128K tokens (2,795,418) under 15 s and 512 MiB. The fastest run of a case is the one with least CPU.
 """
 
 from __future__ import annotations
@@ -45,6 +47,8 @@ CASES = [  # (model, cluster, gpus, seq_len, global_batch, framework)
     ("qwen3-235b-a22b", "dgx-h100", 1024, 4096, 4096, "torchtitan"),
     ("llama3-70b", "dgx-h100", 64, 8192, 128, "deepspeed"),
     ("deepseek-v3", "hgx-h800", 2048, 4096, 15360, "torchtitan"),  # refused: torchtitan builds no MTP
+    ("llama4-maverick-17b-128e", "gb200-nvl72", 576, 8192, 1152, "megatron"),  # 319,932 raw plans
+    ("kimi-k2", "gb200-nvl72", 18432, 131072, 73728, "megatron"),  # 2,795,418: the largest realistic space
 ]
 ROOT = Path(__file__).resolve().parent.parent
 

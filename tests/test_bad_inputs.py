@@ -315,12 +315,28 @@ def test_raw_candidate_count_is_exact_and_caps_the_space():
                                     ("deepseek-v3", 256, 4096, 512)):
         spec = space_spec_for(load_model(model), load_cluster("dgx-h100", gpus), seq, batch)
         assert count_raw_candidates(spec) == sum(1 for _ in raw_candidates(spec))
-    spec = space_spec_for(load_model("qwen3-235b-a22b"), load_cluster("dgx-h100", 30720), 65536, 983040)
-    assert count_raw_candidates(spec) > MAX_RAW_CANDIDATES
+    spec = space_spec_for(load_model("kimi-k2"), load_cluster("gb200-nvl72", 147456), 1048576, 332640)
+    assert count_raw_candidates(spec) == 9_952_128 > MAX_RAW_CANDIDATES
     start = time.perf_counter()
     with pytest.raises(InvalidPlanError, match="pin axes with --fix"):
         candidates(spec)
     assert time.perf_counter() - start < 2.0
+
+
+def test_realistic_spaces_are_under_the_cap():
+    """The cap refuses no request anyone plans: MoE models on a few hundred GPUs (these two were
+    refused at the earlier cap of 250,000) up to Kimi K2 on 18,432 GB200 at 128K tokens. Counts by
+    count_raw_candidates, exact (test_raw_candidate_count_is_exact_and_caps_the_space)."""
+    from autopar.api import load_cluster, load_model
+    from autopar.search.space import MAX_RAW_CANDIDATES, count_raw_candidates, space_spec_for
+
+    for model, cluster, gpus, seq, batch, count in (
+            ("llama4-maverick-17b-128e", "gb200-nvl72", 576, 8192, 1152, 319_932),
+            ("gpt-oss-120b", "gb200-nvl72", 576, 8192, 1152, 301_167),
+            ("deepseek-v3", "gb200-nvl72", 4608, 4096, 9216, 525_978),
+            ("kimi-k2", "gb200-nvl72", 18432, 131072, 73728, 2_795_418)):
+        spec = space_spec_for(load_model(model), load_cluster(cluster, gpus), seq, batch)
+        assert count_raw_candidates(spec) == count <= MAX_RAW_CANDIDATES, model
 
 
 def test_failed_write_leaves_nothing(tmp_path, monkeypatch):

@@ -45,10 +45,12 @@ RECOMPUTE_CHOICES = {
 # exchange dominates, so such cp are not generated (a pinned cp is still tried).
 MIN_TOKENS_PER_CP_RANK = 1024
 # A space with more raw plans than this is refused before any plan is built (count_raw_candidates), so
-# a search's time and memory are bounded by construction. Above the largest realistic space:
-# DeepSeek-V3 on 2,048 H800 at its published global batch of 15,360 sequences has 196,128 (ZeRO
-# 0-2 under Megatron: Megatron-FSDP's optim_grads searched, optim_grads_params when pinned).
-MAX_RAW_CANDIDATES = 250_000
+# a search's time and memory are bounded by construction. Above the largest realistic space: Kimi K2
+# (384 experts) on 18,432 GB200 at 131,072 tokens and 73,728 sequences has 2,795,418 raw plans, and its
+# search takes about 14 s and under 500 MiB on one core (benchmarks/search_speed.py); MoE models on a few
+# hundred GPUs have 200,000-650,000 (Llama 4 Maverick on 576 GB200 at 1,152 sequences: 319,932). Only
+# inputs nobody runs go past it (Kimi K2 on 147,456 GB200 at 332,640 sequences of 1M tokens: 9,952,128).
+MAX_RAW_CANDIDATES = 3_000_000
 _MAX_DIVISOR_INPUT = max(MAX_GPUS, MAX_GLOBAL_BATCH, MAX_SEQ_LEN, MAX_EXPERTS, MAX_HEADS)
 
 
