@@ -250,6 +250,21 @@ def test_zero2_floor_by_hand_and_below_the_charged_dp_time():
 
 
 @pytest.mark.parametrize("seed", range(4))
+def test_peak_memory_equals_the_estimates_peak(seed):
+    """The memory-only peak the "no plan fits" message ranks by (Pricer.peak_memory_bytes) is the
+    estimate's peak, exactly, on every framework (a Pricer's memo shared across the plans)."""
+    graph, cluster, p, seq, gbs = _instance(seed, moe=seed % 2 == 1)
+    cases = [(graph, cluster, p, seq, gbs, "megatron"), (graph, cluster, p, seq, gbs, "deepspeed")]
+    if seed == 0:  # torchtitan builds its registry's models only
+        titan = load_cluster("dgx-h100", 16)
+        cases.append((load_model("llama3-8b"), titan, resolve_cost_model(titan, None), 8192, 32, "torchtitan"))
+    for graph, cluster, p, seq, gbs, framework in cases:
+        pricer = Pricer(graph, cluster, p)
+        for plan in candidates(space_spec_for(graph, cluster, seq, gbs, framework=framework))[::13]:
+            assert pricer.peak_memory_bytes(plan) == estimate(graph, cluster, plan, p).peak_memory_bytes
+
+
+@pytest.mark.parametrize("seed", range(4))
 def test_stage_memory_model_matches_the_estimate(seed):
     """The DP/ILP's linear stage memory equals the estimate's rank memory (vpp 1, ZeRO < 3)."""
     graph, cluster, p, seq, gbs = _instance(seed, moe=seed == 3)

@@ -705,6 +705,18 @@ def estimate(graph: ModelGraph, cluster: Cluster, plan: ParallelPlan, p: CostPar
     return _summarize(graph, cluster, plan, st, step_s, breakdown_s, stage_rows, rec, memory_margin, memo)
 
 
+def peak_memory_bytes(graph: ModelGraph, cluster: Cluster, plan: ParallelPlan, p: CostParams,
+                      memo: StepMemo | None = None) -> float:
+    """`estimate(...).peak_memory_bytes` without the times: the largest rank_memory over the
+    pipeline ranks, for callers that rank plans by memory alone (the search's "no plan fits"
+    message). tests/test_search.py checks it equals the estimate's peak."""
+    if memo is None or not memo.bound_to(graph, cluster, p):
+        memo = StepMemo(graph, cluster, p)
+    p = for_framework(p, plan.framework)
+    st = setup(graph, cluster, plan, p, memo.layout(plan))
+    return max(rank_memory(r, chunks, graph, plan, st, p, memo)[0] for r, chunks in enumerate(memo.ranks(st.layout)))
+
+
 def pipeline_send_s(hidden_size: int, st: StepSetup, plan: ParallelPlan, cluster: Cluster, p: CostParams,
                     crosses_nodes: bool) -> float:
     """One stage-boundary send of a microbatch's activations (or their gradient), tokens × hidden in

@@ -56,6 +56,7 @@ from autopar.cost.step import (
     dp_sync_floor_per_microbatch_s,
     with_dp_floor_s,
     estimate,
+    peak_memory_bytes,
     pipeline_send_s,
     rank_chunks,
     rank_memory,
@@ -291,6 +292,10 @@ class Pricer:
     def estimate(self, plan: ParallelPlan, memory_margin: float) -> Estimate:
         """`autopar.cost.step.estimate` of `plan`, sharing this search's StepMemo."""
         return estimate(self.graph, self.cluster, plan, self.p, memory_margin, self.memo)
+
+    def peak_memory_bytes(self, plan: ParallelPlan) -> float:
+        """`autopar.cost.step.peak_memory_bytes` of `plan` (the estimate's peak, without its times)."""
+        return peak_memory_bytes(self.graph, self.cluster, plan, self.p, self.memo)
 
     def table(self, plan: ParallelPlan, key: tuple | None = None) -> LayerTable:
         """The LayerTable of the plan's split (`key`: its split_key, when the caller has it)."""

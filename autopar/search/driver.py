@@ -50,7 +50,7 @@ from autopar.search.costs import Pricer, stage_inputs, stage_memory_model
 from autopar.search.ilp import recompute_problem, solve_recompute
 from autopar.search.partition import partition_layers
 from autopar.search.rank import Row, distinct_rows, equivalence_band, family, simplicity_key
-from autopar.search.space import (DRAFT_MBS, SpaceSpec, as_plan, plan_problems, space_spec_for, valid_bases,
+from autopar.search.space import (DRAFT_MBS, Draft, SpaceSpec, as_plan, plan_problems, space_spec_for, valid_bases,
                                   with_recompute)
 from autopar.units import GiB
 
@@ -464,17 +464,31 @@ def _refine(spec: SpaceSpec, pricer: Pricer, walk: _Walk, memory_margin: float, 
     else:  # nothing fits yet: try the candidates closest to fitting
         pool = [x for _, x, _ in sorted(walk.all_shortfalls(), key=lambda t: (t[0], plan_key(t[1])))]
     limit, done = max(REFINE_POOL, walk.top), 0
+    rejected: set[tuple] = set()  # _worth_refining reads everything but the recompute choice, and kth_s only falls
     for draft in pool:
         if done >= limit:
             break
+        key = _without_recompute(draft)
+        if key in rejected:
+            continue
         plan = as_plan(draft)
         if not _worth_refining(plan, pricer, walk):
+            rejected.add(key)
             continue
         done += 1
         if progress:
             progress("refine", done, limit)
         for variant in _variants(spec, pricer, plan, memory_margin):
             _score_refined(spec, pricer, walk, variant, memory_margin)
+
+
+def _without_recompute(x: Draft | ParallelPlan) -> tuple:
+    """A key of everything but the recompute choice (a Draft's recompute is field 9; a plan's,
+    plan_key's entries 9-11)."""
+    if isinstance(x, Draft):
+        return ("draft", *x[:9], *x[10:])
+    key = plan_key(x)
+    return ("plan", *key[:9], *key[12:])
 
 
 def _worth_refining(plan: ParallelPlan, pricer: Pricer, walk: _Walk) -> bool:
@@ -553,8 +567,7 @@ def _nothing_fits_message(spec: SpaceSpec, pricer: Pricer, walk: _Walk, memory_m
         if best is not None and (short, key) >= best[:2]:
             break
         if not is_exact:
-            est = pricer.estimate(as_plan(plan), memory_margin)
-            short = est.peak_memory_bytes - walk.capacity_bytes
+            short = pricer.peak_memory_bytes(as_plan(plan)) - walk.capacity_bytes
         if best is None or (short, key) < best[:2]:
             best = (short, key, plan)
     short, _, plan = best
