@@ -13,8 +13,8 @@ search as fast as Megatron's, in process CPU seconds (best of 3): torchtitan Lla
 and Llama-3.1-405B / 512 H100 under 0.6 s, torchtitan Qwen3-235B-A22B / 1,024 H100 under 1.5 s,
 DeepSpeed Llama-3-70B / 64 H100 under 0.6 s; a model the framework cannot train (DeepSeek-V3's MTP
 under torchtitan) refused in the same budget. Spaces near the cap (autopar.search.space
-MAX_RAW_CANDIDATES): Llama 4 Maverick / 576 GB200 (319,932 raw plans) under 3 s, Kimi K2 / 18,432 GB200
-at 128K tokens (2,795,418) under 15 s and 512 MiB. The fastest run of a case is the one with least CPU.
+MAX_RAW_CANDIDATES): Llama 4 Maverick / 576 GB200 (319,932 raw plans) under 2 s, Kimi K2 / 18,432 GB200
+at 128K tokens (2,795,418) under 12 s and 512 MiB. The fastest run of a case is the one with least CPU.
 """
 
 from __future__ import annotations

@@ -198,3 +198,25 @@ def test_mamba_scan_and_cp_all_to_all_by_hand():
     assert a2a > 0 and cost.cp_comm_fwd_s == cost.cp_comm_bwd_s == a2a
     mlp = next(x for x in nemo.decoder_layers if x.mixer == "none")
     assert layer_cost(mlp, s, st.spans, cluster, p, False).cp_comm_fwd_s == 0.0
+
+
+def test_megatron_refuses_plans_only_of_models_with_mamba_layers():
+    """FrameworkSpec.refuses_plans_of lets the search skip Megatron's per-plan refusals for a model
+    they cannot refuse: brute force over every raw candidate and recompute choice of four models on 32
+    H100, none refused where it says False; the Mamba hybrid is refused its interleaved plans."""
+    from autopar.api import load_model
+    from autopar.frameworks import framework_spec
+    from autopar.search.space import _recompute_free, recompute_options, with_recompute
+
+    fw = framework_spec("megatron")
+    cluster = load_cluster("dgx-h100", 32)
+    for name, mamba in (("llama3-8b", False), ("qwen3-30b-a3b", False), ("qwen3-next-80b-a3b", False),
+                        ("nemotron-h-56b", True)):
+        graph = load_model(name)
+        spec = space_spec_for(graph, cluster, 4096, 64)
+        assert fw.refuses_plans_of(graph.spec) is mamba, name
+        refused = 0
+        for base in _recompute_free(spec):
+            for r in recompute_options(spec):
+                refused += bool(fw.plan_refusals(graph.spec, 32, with_recompute(base, r)))
+        assert (refused > 0) is mamba, (name, refused)

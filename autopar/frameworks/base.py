@@ -136,6 +136,9 @@ class FrameworkSpec:
     # --- what it cannot express: model-level (checked before any search) and plan-level
     model_refusals: Callable[[Any], list[str]] = no_model_refusals
     plan_refusals: Callable[[Any, int, Any], list[str]] = no_plan_refusals
+    # Whether plan_refusals can refuse any plan of this model (False: it returns [] for every plan, so
+    # the search skips it per candidate); plan_refusals itself returns [] where this is False.
+    refuses_plans_of: Callable[[Any], bool] = lambda model_spec: True
     # --- files: dotted "module:function" paths, imported on first use
     exporter: str = ""  # (PlanFile) -> {file name: text}
     importer: str | None = None  # (source, ...) -> ParallelPlan

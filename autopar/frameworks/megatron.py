@@ -114,12 +114,17 @@ PRE_CORE = replace(PROFILE, version="Megatron-LM of 2021-22, before Megatron-Cor
 NEMO_APEX = replace(PROFILE, version="NeMo 1.x with Apex DistributedFusedAdam (store_param_remainders)",
                     optimizer_bytes_per_param=10.0)
 
+def refuses_plans_of(model_spec) -> bool:
+    """Whether plan_refusals can refuse a plan of this model: only models with Mamba-2 layers."""
+    return model_spec is not None and "M" in (model_spec.layer_pattern or "")
+
+
 def plan_refusals(model_spec, gpus: int, plan) -> list[str]:
     """What Megatron-Core 0.16's hybrid stack cannot run for a model with Mamba-2 layers
     (megatron/core/ssm/mamba_block.py _select_layers_for_pipeline_parallel): interleaved stages,
     and layer splits other than even with the first and last stage apart
     (--decoder-first/last-pipeline-num-layers); every other plan is checked by megatron_rules."""
-    if model_spec is None or "M" not in (model_spec.layer_pattern or ""):
+    if not refuses_plans_of(model_spec):
         return []
     out = []
     if plan.vpp > 1:
@@ -146,5 +151,6 @@ SPEC = FrameworkSpec(
     state_bytes_per_param=(2.0, 4.0, 12.0), tied_embedding_copy_with_pp=True,
     checkpoint_bytes_per_param=14.0, async_checkpoint=True,
     profile=PROFILE, releases=(("pre-core", PRE_CORE), ("nemo-apex", NEMO_APEX)), plan_refusals=plan_refusals,
+    refuses_plans_of=refuses_plans_of,
     exporter="autopar.export:megatron_files", importer="autopar.export.importers:plan_from_megatron_args",
 )

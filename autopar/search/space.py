@@ -47,7 +47,7 @@ MIN_TOKENS_PER_CP_RANK = 1024
 # A space with more raw plans than this is refused before any plan is built (count_raw_candidates), so
 # a search's time and memory are bounded by construction. Above the largest realistic space: Kimi K2
 # (384 experts) on 18,432 GB200 at 131,072 tokens and 73,728 sequences has 2,795,418 raw plans, and its
-# search takes about 14 s and under 500 MiB on one core (benchmarks/search_speed.py); MoE models on a few
+# search takes about 10 s and under 450 MiB on one core (benchmarks/search_speed.py); MoE models on a few
 # hundred GPUs have 200,000-650,000 (Llama 4 Maverick on 576 GB200 at 1,152 sequences: 319,932). Only
 # inputs nobody runs go past it (Kimi K2 on 147,456 GB200 at 332,640 sequences of 1M tokens: 9,952,128).
 MAX_RAW_CANDIDATES = 3_000_000
@@ -520,9 +520,10 @@ def valid_bases(spec: SpaceSpec) -> list[tuple[Draft, tuple[Recompute, ...]]]:
             options.append(r)
     options = tuple(options)
     rest = _check(tuple(r for r in per_recompute if r not in alone))
-    refusals = framework_spec(spec.framework).plan_refusals if spec.model_spec is not None else None
-    if refusals is no_plan_refusals:
-        refusals = None
+    fw = framework_spec(spec.framework)
+    refusals = fw.plan_refusals if spec.model_spec is not None else None
+    if refusals is no_plan_refusals or (refusals is not None and not fw.refuses_plans_of(spec.model_spec)):
+        refusals = None  # it refuses no plan of this model (FrameworkSpec.refuses_plans_of)
     out = []
     for base in _valid_recompute_free(spec):  # draft_is_valid's verdict up to the recompute choice
         if rest is None and refusals is None:
