@@ -324,9 +324,9 @@ def test_raw_candidate_count_is_exact_and_caps_the_space():
 
 
 def test_realistic_spaces_are_under_the_cap():
-    """The cap refuses no request anyone plans: MoE models on a few hundred GPUs (these two were
-    refused at the earlier cap of 250,000) up to Kimi K2 on 18,432 GB200 at 128K tokens. Counts by
-    count_raw_candidates, exact (test_raw_candidate_count_is_exact_and_caps_the_space)."""
+    """The cap refuses no request anyone plans: MoE models on a few hundred GPUs (300,000 raw plans
+    and more) up to Kimi K2 on 18,432 GB200 at 128K tokens. Counts by count_raw_candidates, exact
+    (test_raw_candidate_count_is_exact_and_caps_the_space)."""
     from autopar.api import load_cluster, load_model
     from autopar.search.space import MAX_RAW_CANDIDATES, count_raw_candidates, space_spec_for
 
