@@ -55,6 +55,8 @@ ROUND_TRIP = {
     "deepseek-v3 shared-expert overlap": lambda: plan_file("deepseek-v3", 2048, tp=2, pp=8, ep=32, etp=1,
                                                            global_batch=4096, seq_len=4096,
                                                            moe_shared_expert_overlap=True),
+    "deepseek-v3 deepep": lambda: plan_file("deepseek-v3", 2048, tp=2, pp=8, ep=64, etp=1, global_batch=4096,
+                                            seq_len=4096, moe_dispatcher="flex"),
     "llama3-8b cp4 a2a": lambda: plan_file("llama3-8b", 64, tp=2, cp=4, cp_comm_type="a2a", global_batch=64,
                                            seq_len=131072, recompute=Recompute(mode="full")),
     "llama3-70b full K": lambda: plan_file("llama3-70b", 512, tp=8, pp=8, global_batch=512, seq_len=8192,

@@ -85,6 +85,12 @@ def _transfer_s(volume_bytes: float, message_bytes: float, bandwidth: float, p: 
     return volume_bytes / (bandwidth * efficiency)
 
 
+def transfer_s(volume_bytes: float, message_bytes: float, bandwidth_bytes_per_s: float, p: CostParams) -> float:
+    """`volume_bytes` over one link of `bandwidth_bytes_per_s` in messages of `message_bytes`, at the
+    message-size efficiency of every collective here (p.half_message_bytes); no latency."""
+    return _transfer_s(volume_bytes, message_bytes, bandwidth_bytes_per_s, p)
+
+
 def all_reduce_s(buffer_bytes: float, span: GroupSpan, cluster: Cluster, p: CostParams) -> float:
     """Ring all-reduce of a buffer of `buffer_bytes` on every rank: 2(n-1)/n · size / busbw."""
     n = span.size

@@ -12,6 +12,7 @@ elementwise × 2.
 
 from __future__ import annotations
 
+import math
 from dataclasses import dataclass
 from functools import lru_cache
 from typing import NamedTuple
@@ -414,7 +415,7 @@ def moe_permute_s(layer: Layer, s: Split, cluster: Cluster, p: CostParams) -> fl
     all-to-all and scatters them back after it (Megatron-Core moe_utils permute/unpermute): read
     and write of T·k·h bf16 values, twice, at HBM bandwidth; the busiest rank's load applies to
     the unpermute side. Ignores the router's host synchronisation of token counts."""
-    if not layer.num_experts:
+    if not layer.num_experts or s.moe_dispatcher == "flex":  # DeepEP reads the tokens straight into its buffers
         return 0.0
     routed = s.tokens / (s.tp if s.sp else 1) * layer.top_k * s.hidden * BF16_BYTES
     return memory_bound_time_s(2.0 * routed * (1.0 + s.moe_load), cluster.hbm_bytes_per_s, p, kernels=2)
@@ -429,8 +430,13 @@ def moe_sort_chunks_s(layer: Layer, s: Split, cluster: Cluster, p: CostParams) -
     write) of that tensor per pass; backward copies the gradients back (split's backward is a cat).
     torchtitan 0.3's all-to-all dispatcher does the same two copies (torchtitan/models/common/
     token_dispatcher.py `_permute` / `_unpermute`: rank-major to expert-major and back, etp 1).
-    Ignores the CPU time of splitting into tp·ep·local views."""
-    if not layer.num_experts or s.moe_dispatcher != "alltoall" or layer.num_experts // s.ep <= 1:
+    Ignores the CPU time of splitting into tp·ep·local views.
+    The flex dispatcher (DeepEP) receives each token once per GPU, rank-major, and permutes it into
+    one copy per local expert (get_permuted_hidden_states_by_experts) and back before the combine,
+    whatever the local expert count: the same two copies of the same tensor."""
+    if not layer.num_experts or s.moe_dispatcher == "allgather":
+        return 0.0
+    if s.moe_dispatcher == "alltoall" and layer.num_experts // s.ep <= 1:
         return 0.0
     gathered = s.tokens / (s.tp if s.sp else 1) * layer.top_k * s.etp * s.moe_load * s.hidden * BF16_BYTES
     return memory_bound_time_s(2.0 * 2.0 * gathered, cluster.hbm_bytes_per_s, p, kernels=2)
@@ -617,8 +623,11 @@ def moe_count_gather_s(layer: Layer, s: Split, spans: Spans, cluster: Cluster, p
     `_token_count_exchange`), priced here the same way. Ignores the host round trip after the sync:
     the all-to-all issued next is long enough for the host to get ahead again. Padded to capacity
     (Split.moe_padded) preprocess returns before the gather: every split is the capacity, known
-    without asking the other ranks (drop_and_pad, core_r0.9.0 to core_r0.12.0)."""
-    if not layer.num_experts or s.moe_dispatcher != "alltoall" or s.ep * s.etp <= 1 or s.moe_padded:
+    without asking the other ranks (drop_and_pad, core_r0.9.0 to core_r0.12.0). The flex dispatcher's
+    DeepEP exchanges the same counts over the same group in its notify step and the host waits for the
+    received count (deep_ep Buffer.dispatch without num_worst_tokens returns it as a host list,
+    megatron/core/transformer/moe/fused_a2a.py): priced the same way."""
+    if not layer.num_experts or s.moe_dispatcher == "allgather" or s.ep * s.etp <= 1 or s.moe_padded:
         return 0.0
     span = _etp_ep_span(spans)
     return comm.all_gather_s(layer.num_experts * _COUNT_BYTES * span.size, span, cluster, p)
@@ -643,10 +652,14 @@ def _ep_comm(layer: Layer, s: Split, spans: Spans, cluster: Cluster, p: CostPara
       rank holds the same count, so they are plain all-gather / reduce-scatter (output_splits_tp
       None);
     allgather: one all-gather of every rank's tokens (not the top-k copies) over the etp·ep group
-      before the experts select theirs, and one reduce-scatter of the outputs back."""
+      before the experts select theirs, and one reduce-scatter of the outputs back;
+    flex: DeepEP's dispatch and combine over the etp·ep group (deepep_transfer_s), no ETP collectives
+      (the routing map is replicated over ETP: MoEFlexTokenDispatcher._initialize_metadata)."""
     if not layer.num_experts:
         return 0.0
     local_tokens = s.tokens / (s.tp if s.sp else 1)
+    if s.moe_dispatcher == "flex":
+        return 2.0 * deepep_transfer_s(layer, s, _etp_ep_span(spans), cluster, p)
     if s.moe_dispatcher == "allgather":
         span = _etp_ep_span(spans)
         gathered = local_tokens * s.hidden * BF16_BYTES * span.size
@@ -660,6 +673,76 @@ def _ep_comm(layer: Layer, s: Split, spans: Spans, cluster: Cluster, p: CostPara
         t += comm.all_gather_v_s(routed_bytes * s.etp, spans.etp, cluster, p)
         t += comm.reduce_scatter_v_s(routed_bytes * s.etp, spans.etp, cluster, p)
     return t
+
+
+def _miss(pool: float, unit: float, top_k: int) -> float:
+    """Chance that none of top_k experts drawn without replacement from `pool` falls in `unit` of them."""
+    out = 1.0
+    for i in range(top_k):
+        out *= max(pool - unit - i, 0.0) / (pool - i)
+    return out
+
+
+def expected_groups_hit(experts: int, top_k: int, units: int, router_groups: int = 0, router_group_topk: int = 0
+                        ) -> float:
+    """Expected number of distinct units (EP ranks or hosts: consecutive blocks of experts/units experts)
+    that a token's top_k experts fall in, for a balanced router (Megatron's
+    --moe-router-force-load-balancing draws random logits): a uniformly random k-subset of the experts,
+    units · (1 − C(E − E/u, k) / C(E, k)). Under group-limited routing (router_groups consecutive groups,
+    router_group_topk of them picked per token, then top_k experts among theirs; Megatron
+    group_limited_topk, DeepSeek-V3 §2.1.2) the k experts come from the picked groups' pool: a unit
+    holding c whole groups is missed when none of them is picked or none of the k falls in the picked
+    ones (hypergeometric over the picks); a group holding several units is picked with probability
+    group_topk/groups. Other layouts are priced without the group limit (its upper bound)."""
+    if units <= 1:
+        return float(units)
+    g, gk = router_groups, router_group_topk
+    if not g or not gk or gk >= g or not (g % units == 0 or units % g == 0):
+        return units * (1.0 - _miss(experts, experts / units, top_k))
+    per_group = experts / g
+    pool = gk * per_group
+    if units % g == 0:  # a group spans units/g units
+        return units * (gk / g) * (1.0 - _miss(pool, experts / units, top_k))
+    c = g // units  # groups per unit
+    hit = 0.0
+    for j in range(1, min(c, gk) + 1):  # j of the unit's groups picked: hypergeometric(g, c, gk)
+        picks = math.comb(c, j) * math.comb(g - c, gk - j) / math.comb(g, gk)
+        hit += picks * (1.0 - _miss(pool, j * per_group, top_k))
+    return units * hit
+
+
+def deepep_transfer_s(layer: Layer, s: Split, span: comm.GroupSpan, cluster: Cluster, p: CostParams) -> float:
+    """One DeepEP normal-kernel dispatch (a combine moves the same bytes back) over the etp·ep group
+    `span`, as Megatron's flex dispatcher calls it (deepseek-ai/DeepEP docs/legacy.md, "Normal kernels
+    with NVLink and RDMA forwarding"): a token goes once over RDMA to each other host holding one of its
+    experts, to the GPU of the same local index there, which forwards it over NVLink to each GPU of the
+    host that needs it; inside one host it goes once to each GPU that needs it. A token needs the etp
+    ranks of each EP rank holding one of its experts (expected_groups_hit over ep, times etp). Per GPU:
+      RDMA bytes   = T·h·2·load · (hosts hit − own host),
+      NVLink bytes = T·h·2·load · GPUs hit · (n − 1)/n   (n GPUs of the group per host; the hit GPU is
+                     the sender itself 1/n of the time),
+    both links busy at once, so the slower one sets the time. Unlike the alltoall dispatcher's copies
+    per expert, nothing crosses a link twice for one GPU or host; group-limited routing (DeepSeek-V3's
+    4 of 8 groups) caps the hosts a token reaches. Ignores fp8 dispatch (Megatron passes bf16 hidden
+    states) and the combine's reduction arithmetic."""
+    if span.size <= 1:
+        return 0.0
+    token_bytes = s.tokens / (s.tp if s.sp else 1) * s.hidden * BF16_BYTES * s.moe_load
+    groups = (layer.router_groups, layer.router_group_topk)
+    gpus_hit = s.etp * expected_groups_hit(layer.num_experts, layer.top_k, s.ep, *groups)
+    n = span.ranks_per_node
+    nvl_bytes = token_bytes * gpus_hit * (n - 1) / n
+    intra_bw = cluster.intra_node_bytes_per_s * p.intra_node_efficiency * cluster.mesh_link_share(n)
+    t = comm.transfer_s(nvl_bytes, nvl_bytes / max(n - 1, 1), intra_bw, p) if n > 1 else 0.0
+    alpha = cluster.intra_node_latency_s
+    if span.nodes > 1:
+        hosts_hit = expected_groups_hit(layer.num_experts, layer.top_k, span.nodes, *groups)
+        remote_hosts = hosts_hit * (span.nodes - 1) / span.nodes
+        rdma_bytes = token_bytes * remote_hosts
+        inter_bw = cluster.inter_node_bytes_per_s_per_gpu * p.inter_node_efficiency
+        t = max(t, comm.transfer_s(rdma_bytes, rdma_bytes / (span.nodes - 1), inter_bw, p))
+        alpha = cluster.inter_node_latency_s
+    return alpha + p.collective_overhead_s + t
 
 
 _NO_GROUP = comm.GroupSpan(1, 1, 1)

@@ -250,7 +250,36 @@ def layout_violations(plan: ParallelPlan, cluster: Cluster, graph: ModelGraph) -
     s = graph.spec
     return plan_violations(plan, num_gpus=cluster.num_gpus, num_layers=s.num_layers, num_heads=s.num_attention_heads,
                            num_kv_heads=s.kv_heads, num_experts=s.moe.num_experts if s.moe else 0, **s.mixer_counts(),
-                           gpus_per_node=cluster.scale_up_gpus) + precision_violations(plan.precision, cluster)
+                           gpus_per_node=cluster.scale_up_gpus) + precision_violations(plan.precision, cluster) \
+        + dispatcher_violations(plan, cluster, graph)
+
+
+# DeepEP's normal (V1) kernels, which Megatron's flex dispatcher calls (megatron/core/transformer/moe/
+# fused_a2a.py, deep_ep.Buffer): 8 NVLink peers per RDMA rank (csrc/legacy/buffer.hpp,
+# "The number of maximum NVLink peers must be 8"), and a group either inside those 8 or a multiple of them
+# (EP_HOST_ASSERT(num_ranks < NUM_MAX_NVL_PEERS or num_ranks % NUM_MAX_NVL_PEERS == 0)).
+DEEPEP_NVL_PEERS = 8
+
+
+def dispatcher_violations(plan: ParallelPlan, cluster: Cluster, graph: ModelGraph) -> list[str]:
+    """The flex dispatcher (DeepEP) where DeepEP cannot run: GPUs other than NVIDIA's, hosts of other
+    than 8 NVLink-connected GPUs (an NVL72 tray holds 4; Megatron's hybridep backend, which serves
+    multi-node NVLink, is not modelled), or an etp·ep group that neither fits in one host nor fills whole
+    hosts (DEEPEP_NVL_PEERS)."""
+    if plan.moe_dispatcher != "flex" or graph.spec.moe is None:
+        return []
+    group = plan.ep * (plan.etp if plan.etp is not None else plan.tp)
+    if cluster.vendor != "nvidia":
+        return [f"moe_dispatcher flex runs DeepEP, which needs NVIDIA GPUs; the {cluster.gpu_name} of "
+                f"{cluster.name} is not, so use moe_dispatcher alltoall"]
+    if cluster.gpus_per_node != DEEPEP_NVL_PEERS and group > min(cluster.gpus_per_node, cluster.num_gpus):
+        return [f"moe_dispatcher flex runs DeepEP, whose kernels pair 8 NVLink GPUs per host with RDMA between "
+                f"hosts; {cluster.name} has {cluster.gpus_per_node} per host and the etp·ep group spans "
+                f"{group} GPUs, so use moe_dispatcher alltoall"]
+    if DEEPEP_NVL_PEERS < group and group % DEEPEP_NVL_PEERS:
+        return [f"moe_dispatcher flex: DeepEP needs the etp·ep group ({group} GPUs) inside one host or a multiple "
+                f"of {DEEPEP_NVL_PEERS}; change ep or etp, or use moe_dispatcher alltoall"]
+    return []
 
 
 def precision_violations(precision: str, cluster: Cluster) -> list[str]:

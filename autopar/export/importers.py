@@ -371,9 +371,14 @@ def _megatron_comm_types(a: Mapping[str, Any]) -> dict[str, Any]:
                              "or unfused")
     out["attention_backend"] = a["attention_backend"]
     if a["num_experts"]:
-        if a["moe_token_dispatcher_type"] not in ("alltoall", "allgather"):
+        if a["moe_token_dispatcher_type"] not in ("alltoall", "allgather", "flex"):
             raise InputFileError(f"--moe-token-dispatcher-type {a['moe_token_dispatcher_type']} is not modelled; "
-                                 "use alltoall or allgather")
+                                 "use alltoall, allgather or flex")
+        if a["moe_token_dispatcher_type"] == "flex" and a["moe_flex_dispatcher_backend"] != "deepep" \
+                and not a["moe_enable_deepep"]:
+            raise InputFileError(f"--moe-flex-dispatcher-backend {a['moe_flex_dispatcher_backend']} is not modelled "
+                                 "(autopar prices DeepEP's kernels only); use --moe-flex-dispatcher-backend deepep "
+                                 "or --moe-token-dispatcher-type alltoall")
         out["moe_dispatcher"] = a["moe_token_dispatcher_type"]
         out["moe_grouped_gemm"] = bool(a["moe_grouped_gemm"])
     if a["moe_expert_capacity_factor"] is not None:

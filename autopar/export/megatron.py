@@ -269,6 +269,8 @@ def _moe_args(spec: ModelSpec, plan: ParallelPlan) -> list[str]:
     args += router_args(moe)
     args += (["--moe-grouped-gemm"] if plan.moe_grouped_gemm else []) + ["--moe-token-dispatcher-type",
                                                                          plan.moe_dispatcher]
+    if plan.moe_dispatcher == "flex":
+        args += ["--moe-flex-dispatcher-backend", "deepep"]
     if plan.moe_capacity_factor is not None:
         args += ["--moe-expert-capacity-factor", repr(plan.moe_capacity_factor)]
     if plan.moe_pad_to_capacity:

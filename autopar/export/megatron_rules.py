@@ -72,6 +72,7 @@ def _table() -> dict[str, _Flag]:
         "--fp4-format": _Flag("fp4", "str"),
         "--fp4-recipe": _Flag("fp4_recipe", "str", "nvfp4"),
         "--moe-token-dispatcher-type": _Flag("moe_token_dispatcher_type", "str", "allgather"),
+        "--moe-flex-dispatcher-backend": _Flag("moe_flex_dispatcher_backend", "str", "deepep"),
         "--attention-backend": _Flag("attention_backend", "str", "auto"),
         "--moe-expert-capacity-factor": _Flag("moe_expert_capacity_factor", "float"),
         "--norm-epsilon": _Flag("layernorm_epsilon", "float", 1e-5),
@@ -122,7 +123,7 @@ def _table() -> dict[str, _Flag]:
     for flag in ("--group-query-attention", "--swiglu", "--squared-relu", "--quick-geglu",
                  "--use-rotary-position-embeddings", "--untie-embeddings-and-output-weights", "--add-qkv-bias",
                  "--qk-layernorm", "--moe-shared-expert-gate", "--moe-grouped-gemm", "--moe-router-pre-softmax",
-                 "--moe-pad-expert-input-to-capacity", "--moe-shared-expert-overlap",
+                 "--moe-pad-expert-input-to-capacity", "--moe-shared-expert-overlap", "--moe-enable-deepep",
                  "--multi-latent-attention", "--sequence-parallel", "--account-for-embedding-in-pipeline-split",
                  "--account-for-loss-in-pipeline-split", "--use-distributed-optimizer", "--use-torch-fsdp2",
                  "--use-megatron-fsdp", "--recompute-activations", "--distribute-saved-activations",
@@ -611,6 +612,27 @@ def _experts(a: Mapping[str, Any]) -> list[str]:
     if experts is not None and a["moe_token_dispatcher_type"] not in ("allgather", "alltoall", "flex"):
         out.append(f"Megatron: --moe-token-dispatcher-type {a['moe_token_dispatcher_type']!r} is not one of "
                    "allgather, alltoall, flex")
+    if a["moe_flex_dispatcher_backend"] not in ("deepep", "hybridep"):
+        out.append(f"Megatron: --moe-flex-dispatcher-backend {a['moe_flex_dispatcher_backend']!r} is not one of "
+                   "deepep, hybridep")
+    if a["moe_enable_deepep"] and a["moe_token_dispatcher_type"] != "flex":
+        out.append("Megatron: 'DeepEP backend is only supported with flex token dispatcher.'; add "
+                   "--moe-token-dispatcher-type flex or drop --moe-enable-deepep")
+    if a["moe_enable_deepep"] and a["moe_flex_dispatcher_backend"] == "hybridep":
+        out.append("Megatron: 'Only one backend is supported for flex token dispatcher.'; drop --moe-enable-deepep "
+                   "or --moe-flex-dispatcher-backend hybridep")
+    deepep = a["moe_enable_deepep"] or a["moe_flex_dispatcher_backend"] == "deepep"
+    if experts is not None and a["moe_token_dispatcher_type"] == "flex" and a["moe_pad_expert_input_to_capacity"] \
+            and deepep:
+        out.append("Megatron: 'Flex token dispatcher with deepep backend does not support "
+                   "moe_pad_expert_input_to_capacity'")
+    if experts is not None and a["moe_token_dispatcher_type"] == "flex" and \
+            a["expert_model_parallel_size"] * (a["expert_tensor_parallel_size"] or a["tensor_model_parallel_size"]) <= 1:
+        out.append("Megatron: 'Flex token dispatcher requires TPxEP > 1'; raise the expert-parallel size or use "
+                   "--moe-token-dispatcher-type alltoall")
+    if a["moe_shared_expert_intermediate_size"] is not None and a["moe_shared_expert_overlap"] \
+            and a["moe_token_dispatcher_type"] != "alltoall":
+        out.append("Megatron: 'moe_shared_expert_overlap only works with alltoall token dispatcher.'")
     if a["moe_expert_capacity_factor"] is not None and a["moe_expert_capacity_factor"] <= 0:
         out.append("Megatron: the expert capacity factor must be positive; drop it for dropless routing")
     if a["moe_pad_expert_input_to_capacity"] and a["moe_expert_capacity_factor"] is None:

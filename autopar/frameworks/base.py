@@ -118,6 +118,7 @@ class FrameworkSpec:
     attention_backend_settable: bool = False  # the plan may pick the attention kernel (Megatron --attention-backend)
     shared_expert_overlap_settable: bool = False  # shared experts may run beside the dispatch (Megatron's switch)
     sequential_experts_settable: bool = False  # moe_grouped_gemm may be turned off
+    flex_dispatcher: bool = False  # moe_dispatcher flex: Megatron's flex dispatcher on DeepEP
     selective_label: str | None = None  # None: "selective(modules)"; else the one policy's label
     # --- memory policy
     state_bytes_per_param: tuple[float, float, float] = (2.0, 4.0, 12.0)  # weights, gradients, optimizer

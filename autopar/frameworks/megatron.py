@@ -147,7 +147,7 @@ SPEC = FrameworkSpec(
     searched_zero_stages=(0, 1, 2),
     cp_comm_types=("p2p", "a2a", "allgather"), default_cp_comm_type="p2p",
     grad_reduce_in_bf16_settable=True, sequential_experts_settable=True, attention_backend_settable=True,
-    shared_expert_overlap_settable=True, default_cross_entropy_fusion=True,
+    shared_expert_overlap_settable=True, flex_dispatcher=True, default_cross_entropy_fusion=True,
     state_bytes_per_param=(2.0, 4.0, 12.0), tied_embedding_copy_with_pp=True,
     checkpoint_bytes_per_param=14.0, async_checkpoint=True,
     profile=PROFILE, releases=(("pre-core", PRE_CORE), ("nemo-apex", NEMO_APEX)), plan_refusals=plan_refusals,

@@ -290,6 +290,8 @@ def _decoder_layer(spec: ModelSpec, index: int, decoder_index: int) -> Layer:
         eager_bytes_per_token_tp=float(mix["eager_tp"] + ffn["eager_tp"]),
         eager_bytes_per_token_sp=float(blocks * _eager_norm_bytes(spec, h)),
         top_k=spec.moe.top_k if ffn["moe"] else 0, num_experts=spec.moe.num_experts if ffn["moe"] else 0,
+        router_groups=(spec.moe.num_groups or 0) if ffn["moe"] else 0,
+        router_group_topk=(spec.moe.group_topk or 0) if ffn["moe"] else 0,
         attention_window=mix["window"], attention_chunk=mix["chunk"], attention_top_k=mix["top_k"],
         mixer=_MIXER_OF_LETTER[m_letter], variant=variant, scan_flops_per_token=mix["scan"],
         scan_kernel=mix["scan_kernel"], scan_bytes_fwd_per_token=mix["scan_bytes"][0],
@@ -350,6 +352,7 @@ def _mtp_layer(spec: ModelSpec, index: int, depth: int) -> Layer:
         eager_bytes_per_token_sp=inner.eager_bytes_per_token_sp + 3 * _eager_norm_bytes(spec, h),
         num_heads=inner.num_heads, num_kv_heads=inner.num_kv_heads, head_dim_qk=inner.head_dim_qk,
         head_dim_v=inner.head_dim_v, top_k=inner.top_k, num_experts=inner.num_experts,
+        router_groups=inner.router_groups, router_group_topk=inner.router_group_topk,
         attention_window=inner.attention_window, attention_top_k=inner.attention_top_k,
         index_flops_per_token_per_seq=inner.index_flops_per_token_per_seq,
     )

@@ -143,6 +143,8 @@ class Layer:
     head_dim_v: int = 0
     top_k: int = 0
     num_experts: int = 0
+    router_groups: int = 0  # group-limited routing: expert groups (moe.num_groups; 0 = none)
+    router_group_topk: int = 0  # and the groups a token may pick from (moe.group_topk)
     mixer: str = "attention"
     variant: str = ""
     scan_flops_per_token: float = 0.0  # a recurrent mixer's conv + chunked scan (autopar.model.mixers)

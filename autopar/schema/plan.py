@@ -120,8 +120,10 @@ class ParallelPlan(BaseModel):
         "UnfusedDotProductAttention with the scores in HBM (what Transformer Engine before 2.5 falls back to on "
         "Blackwell for head dims above 128, such as MLA's 192; no context parallelism); other frameworks pick "
         "their own kernel.")
-    moe_dispatcher: Literal["alltoall", "allgather"] = Field(
-        "alltoall", description="MoE token dispatcher (Megatron --moe-token-dispatcher-type).")
+    moe_dispatcher: Literal["alltoall", "allgather", "flex"] = Field(
+        "alltoall", description="MoE token dispatcher (Megatron --moe-token-dispatcher-type): alltoall, allgather, "
+        "or flex = Megatron's flex dispatcher on DeepEP (--moe-flex-dispatcher-backend deepep), which sends a "
+        "token once to each node and each GPU its experts sit on (Megatron only; NVIDIA GPUs, 8 per node).")
     moe_load_imbalance: Real | None = Field(
         None, ge=1.0, description="Tokens on the busiest expert rank over the mean; None = derived from the "
         "tokens, experts per rank and top-k (balls-into-bins, see autopar.cost.step.moe_load).")

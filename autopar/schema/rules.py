@@ -197,6 +197,18 @@ RULES: tuple[Rule, ...] = (
                       "(Megatron: 'moe_shared_expert_overlap only works with alltoall token dispatcher', "
                       "'shared_experts recompute cannot work with --moe-shared-expert-overlap'); drop the overlap, "
                       "or use alltoall and leave shared_experts out of the recomputed modules"),
+    Rule("flex dispatcher is Megatron's", ("moe_dispatcher", "framework"),
+         lambda c, p: p.moe_dispatcher != "flex" or framework_spec(p.framework).flex_dispatcher,
+         lambda c, p: f"moe_dispatcher flex is Megatron's flex token dispatcher on DeepEP; {p.framework} has no "
+                      "DeepEP dispatch, so use moe_dispatcher alltoall"),
+    Rule("flex dispatcher needs an expert group", ("moe_dispatcher", "ep", "etp", "tp"),
+         lambda c, p: p.moe_dispatcher != "flex" or not c.num_experts or p.ep * _expert_tp(p) > 1,
+         lambda c, p: "the flex dispatcher sends tokens over the etp·ep group (Megatron: 'Flex token dispatcher "
+                      "requires TPxEP > 1'); raise ep (or etp) above 1, or use moe_dispatcher alltoall"),
+    Rule("flex dispatcher has no padding", ("moe_dispatcher", "moe_pad_to_capacity"),
+         lambda c, p: p.moe_dispatcher != "flex" or not p.moe_pad_to_capacity,
+         lambda c, p: "Megatron: 'Flex token dispatcher with deepep backend does not support "
+                      "moe_pad_expert_input_to_capacity'; drop moe_pad_to_capacity or use moe_dispatcher alltoall"),
     Rule("moe_act needs grouped GEMM", ("moe_grouped_gemm", "recompute"),
          lambda c, p: p.moe_grouped_gemm or not (p.recompute.mode == "selective" and "moe_act" in p.recompute.modules),
          lambda c, p: "Megatron recomputes moe_act only with --moe-grouped-gemm; turn moe_grouped_gemm on or drop "
