@@ -80,15 +80,11 @@ def all_reduce_steps(n: int) -> int:
     return min(2 * (n - 1), 2 * math.ceil(math.log2(n)))
 
 
-def _transfer_s(volume_bytes: float, message_bytes: float, bandwidth: float, p: CostParams) -> float:
+def transfer_s(volume_bytes: float, message_bytes: float, bandwidth: float, p: CostParams) -> float:
+    """`volume_bytes` over a link of `bandwidth` bytes/s in messages of `message_bytes`, at the message-size
+    efficiency of every collective here (p.half_message_bytes); no latency."""
     efficiency = message_bytes / (message_bytes + p.half_message_bytes) if p.half_message_bytes else 1.0
     return volume_bytes / (bandwidth * efficiency)
-
-
-def transfer_s(volume_bytes: float, message_bytes: float, bandwidth_bytes_per_s: float, p: CostParams) -> float:
-    """`volume_bytes` over one link of `bandwidth_bytes_per_s` in messages of `message_bytes`, at the
-    message-size efficiency of every collective here (p.half_message_bytes); no latency."""
-    return _transfer_s(volume_bytes, message_bytes, bandwidth_bytes_per_s, p)
 
 
 def all_reduce_s(buffer_bytes: float, span: GroupSpan, cluster: Cluster, p: CostParams) -> float:
@@ -97,7 +93,7 @@ def all_reduce_s(buffer_bytes: float, span: GroupSpan, cluster: Cluster, p: Cost
     if n <= 1 or buffer_bytes <= 0:
         return 0.0
     bw = bus_bandwidth_bytes_per_s(span, cluster, p)
-    return _latency_s(span, cluster, all_reduce_steps(n), p) + _transfer_s(2 * (n - 1) / n * buffer_bytes, buffer_bytes, bw, p)
+    return _latency_s(span, cluster, all_reduce_steps(n), p) + transfer_s(2 * (n - 1) / n * buffer_bytes, buffer_bytes, bw, p)
 
 
 def all_gather_s(output_bytes: float, span: GroupSpan, cluster: Cluster, p: CostParams) -> float:
@@ -106,7 +102,7 @@ def all_gather_s(output_bytes: float, span: GroupSpan, cluster: Cluster, p: Cost
     if n <= 1 or output_bytes <= 0:
         return 0.0
     bw = bus_bandwidth_bytes_per_s(span, cluster, p)
-    return _latency_s(span, cluster, ring_steps(n), p) + _transfer_s((n - 1) / n * output_bytes, output_bytes, bw, p)
+    return _latency_s(span, cluster, ring_steps(n), p) + transfer_s((n - 1) / n * output_bytes, output_bytes, bw, p)
 
 
 def reduce_scatter_s(input_bytes: float, span: GroupSpan, cluster: Cluster, p: CostParams) -> float:
@@ -128,7 +124,7 @@ def all_gather_v_s(output_bytes: float, span: GroupSpan, cluster: Cluster, p: Co
     part = output_bytes / n
     alpha = cluster.inter_node_latency_s if span.crosses_nodes else cluster.intra_node_latency_s
     bw = bus_bandwidth_bytes_per_s(span, cluster, p)
-    return p.collective_overhead_s + n * (alpha * (n - 1) + _transfer_s(part, part, bw, p))
+    return p.collective_overhead_s + n * (alpha * (n - 1) + transfer_s(part, part, bw, p))
 
 
 def reduce_scatter_v_s(input_bytes: float, span: GroupSpan, cluster: Cluster, p: CostParams) -> float:
@@ -159,14 +155,14 @@ def all_to_all_s(send_bytes: float, span: GroupSpan, cluster: Cluster, p: CostPa
     remote_peers = n - span.ranks_per_node
     message = send_bytes / n
     intra_bw = cluster.intra_node_bytes_per_s * p.intra_node_efficiency * cluster.mesh_link_share(span.ranks_per_node)
-    t_intra = _transfer_s(send_bytes * local_peers / n, message, intra_bw, p) if local_peers else 0.0
+    t_intra = transfer_s(send_bytes * local_peers / n, message, intra_bw, p) if local_peers else 0.0
     t_inter = 0.0
     if remote_peers:
         # NCCL >= 2.12 PXN: a GPU's data for a remote GPU goes over NVLink to the local GPU on that
         # rail, which sends what the node's ranks_per_node GPUs hold for it as one network message
         # (NVIDIA technical blog "Doubling all2all Performance with NCCL 2.12", Feb 2022).
         inter_bw = cluster.inter_node_bytes_per_s_per_gpu * p.inter_node_efficiency
-        t_inter = _transfer_s(send_bytes * remote_peers / n, message * span.ranks_per_node, inter_bw, p)
+        t_inter = transfer_s(send_bytes * remote_peers / n, message * span.ranks_per_node, inter_bw, p)
     alpha = cluster.inter_node_latency_s if remote_peers else cluster.intra_node_latency_s
     return alpha * math.ceil(math.log2(n)) + p.collective_overhead_s + max(t_intra, t_inter)
 
@@ -181,4 +177,4 @@ def send_recv_s(message_bytes: float, crosses_nodes: bool, cluster: Cluster, p: 
     else:
         bw = cluster.intra_node_bytes_per_s * p.intra_node_efficiency * cluster.mesh_link_share(2)  # one link
         alpha = cluster.intra_node_latency_s
-    return alpha + p.collective_overhead_s + _transfer_s(message_bytes, message_bytes, bw, p)
+    return alpha + p.collective_overhead_s + transfer_s(message_bytes, message_bytes, bw, p)

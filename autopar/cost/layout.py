@@ -268,7 +268,7 @@ def dispatcher_violations(plan: ParallelPlan, cluster: Cluster, graph: ModelGrap
     hosts (DEEPEP_NVL_PEERS)."""
     if plan.moe_dispatcher != "flex" or graph.spec.moe is None:
         return []
-    group = plan.ep * (plan.etp if plan.etp is not None else plan.tp)
+    group = plan.ep * plan.expert_tp
     if cluster.vendor != "nvidia":
         return [f"moe_dispatcher flex runs DeepEP, which needs NVIDIA GPUs; the {cluster.gpu_name} of "
                 f"{cluster.name} is not, so use moe_dispatcher alltoall"]

@@ -231,9 +231,8 @@ def plan_refusals(model_spec, gpus: int, plan) -> list[str]:
     if moe and expert_tp != (1 if plan.ep > 1 else plan.tp):
         out.append(f"etp {expert_tp}: torchtitan shards experts by ep alone when ep > 1 (etp 1) and by tp when "
                    "ep = 1 (etp = tp); set etp accordingly")
-    if moe and plan.ep > 1 and plan.moe_dispatcher != "alltoall":
-        out.append(f"moe dispatcher {plan.moe_dispatcher}: torchtitan dispatches tokens to experts with all-to-all; "
-                   "use moe_dispatcher alltoall")
+    if moe and plan.ep > 1 and plan.moe_dispatcher == "allgather":  # flex: the shared rule (schema/rules.py)
+        out.append("moe dispatcher allgather: torchtitan dispatches tokens to experts with all-to-all")
     if plan.moe_capacity_factor is not None:
         out.append("moe capacity factor: torchtitan's MoE is dropless; drop the capacity factor")
     if plan.cp > 1 and plan.cp_comm_type != "allgather":
